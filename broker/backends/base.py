@@ -1,0 +1,213 @@
+"""The Backend seam: everything that outlives one HTTP request lives behind this protocol.
+
+Two implementations exist: ``memory`` (one process, the embedded default and the reference
+implementation) and ``redis`` (any number of workers). Both pass the same contract suite in
+``tests/contract``. The guarantees every implementation gives:
+
+Sessions
+    A session record is created once, bound to the principal and tenant that created it, and
+    expires after ``session_ttl`` seconds without a ``touch``. Deleting or expiring a session
+    removes its subscriptions from the index and drops its inbox.
+
+Subscriptions
+    ``add_subscription`` updates the session's durable subscription set and the
+    URI -> subscribers index in one atomic step; so does ``remove_subscription``. Both are
+    idempotent.
+
+Inboxes
+    Each session has a bounded inbox of frames with strictly increasing integer offsets.
+    ``append_frames`` appends each session's frames and wakes the stream that watches that
+    session in one atomic step per session, so a watcher that registered before reading the
+    inbox can never miss a frame (the replay -> live handoff of DESIGN §3). Frames are kept
+    while they are within ``inbox_maxlen`` and ``inbox_retention`` of the newest one.
+    ``read_inbox`` returns frames strictly after a cursor, in offset order, and reports a
+    *gap* when the cursor cannot be honoured: another epoch, an offset older than what is
+    retained, or an offset beyond the newest frame (data that was lost).
+
+Change log
+    ``publish`` appends a change durably and returns its id. ``read_changes`` hands each
+    change to exactly one consumer of the fan-out group; it stays pending until ``ack_changes``.
+    ``claim_changes`` moves changes that stayed pending longer than ``min_idle_ms`` (their
+    consumer died) to the caller: delivery is at least once.
+
+Listen broadcast
+    ``broadcast`` delivers a change that fan-out processed to every worker's ``on_broadcast``
+    handlers (modern listens live on whichever worker holds their stream). Best effort: a
+    listen stream has no replay by specification.
+
+Records
+    JSON records of the built-in collections. ``write_record`` and ``delete_record`` store the
+    record and publish its change in one atomic step, so an acknowledged write is never
+    missing from the change log.
+
+Errors
+    Every method may raise :class:`broker.errors.BackendUnavailable` when the store cannot be
+    reached; nothing else from the underlying client library escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.changes import Change
+
+__all__ = [
+    "Backend",
+    "Frame",
+    "InboxRead",
+    "SessionRecord",
+    "Wake",
+    "WakeHandler",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One message waiting in a session inbox.
+
+    ``key`` names what the frame is about (``u:<uri>`` for an update, ``l`` for list_changed);
+    a slow reader may keep only the newest frame of each key in a batch, because both are
+    level triggers. ``data`` is the encoded JSON-RPC notification.
+    """
+
+    key: str
+    data: bytes
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """The durable part of a legacy (handshake-era) session."""
+
+    id: str
+    tenant: str
+    principal: str
+    protocol_version: str
+    epoch: str
+    created_at: float
+    client_info: dict[str, Any] = field(default_factory=dict)
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    initialized: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRead:
+    """What ``read_inbox`` found after a cursor.
+
+    ``head`` is the newest offset in the inbox (0 when it never held a frame); on a gap,
+    ``frames`` is empty and the caller resynchronises, then continues from ``head``.
+    """
+
+    epoch: str
+    frames: list[tuple[int, Frame]]
+    gap: bool
+    head: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A wake-up for the stream watching a session.
+
+    ``kind`` is ``frames`` (new frames after ``offset``) or ``takeover`` (another stream,
+    ``owner``, now holds the session; the receiver must close unless it is that owner).
+    """
+
+    kind: str
+    offset: int = 0
+    owner: str = ""
+    #: The frame at ``offset``, when the backend can carry it (saves the stream a read).
+    frame: Frame | None = None
+
+
+WakeHandler = Callable[[Wake], None]
+BroadcastHandler = Callable[[Change], None]
+
+
+class Backend(Protocol):
+    """Shared state of the broker. See the module docstring for the guarantees."""
+
+    #: Short identifier of this backend's data generation; a store that lost its data gets a new one.
+    epoch: str
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise ``BackendUnavailable`` when the store cannot be reached."""
+
+    # -- sessions -----------------------------------------------------------------------
+    async def create_session(self, record: SessionRecord) -> None: ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    async def update_session(self, session_id: str, **fields: Any) -> None: ...
+
+    async def touch_sessions(self, session_ids: Sequence[str]) -> None:
+        """Restart the idle clock of each live session (unknown ids are ignored)."""
+
+    async def delete_session(self, session_id: str) -> bool:
+        """End a session: record, subscriptions, index entries and inbox. False if unknown."""
+
+    async def count_sessions(self) -> int: ...
+
+    async def expire_sessions(self) -> int:
+        """Remove sessions idle longer than the TTL; returns how many (a no-op where the store expires keys)."""
+
+    # -- subscriptions --------------------------------------------------------------------
+    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
+        """Subscribe; returns the session's subscription count after the call."""
+
+    async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None: ...
+
+    async def get_subscriptions(self, session_id: str) -> set[str]: ...
+
+    async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
+        """Session ids subscribed to each URI (URIs without subscribers may be left out)."""
+
+    async def tenant_sessions(self, tenant: str) -> list[str]: ...
+
+    # -- inboxes and wake-ups ------------------------------------------------------------
+    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        """Append ``(session_id, frame)`` pairs; returns the session ids that no longer exist."""
+
+    async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead: ...
+
+    async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
+        """Call ``handler`` on every wake-up of the session until the returned function is awaited.
+
+        Returns only once the watch is active, so frames appended afterwards are never missed.
+        """
+
+    async def claim_stream(self, session_id: str, owner: str) -> bool:
+        """Make ``owner`` the one live stream of the session and tell the previous one (a ``takeover`` wake).
+
+        Returns whether the session had a stream before.
+        """
+
+    # -- change log and fan-out ------------------------------------------------------------
+    async def publish(self, change: Change) -> str: ...
+
+    async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]: ...
+
+    async def ack_changes(self, ids: Sequence[str]) -> None: ...
+
+    async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]: ...
+
+    async def broadcast(self, changes: Sequence[Change]) -> None: ...
+
+    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]: ...
+
+    # -- records ---------------------------------------------------------------------------
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+        """Store a record and publish ``change`` atomically; True when the record is new."""
+
+    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
+
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool: ...
+
+    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
+        """Record ids of a collection in ascending order, strictly after ``after`` ('' for the start)."""
+
+    async def list_collections(self, tenant: str) -> list[str]: ...

@@ -1,0 +1,297 @@
+"""The in-memory backend: one process, every guarantee of ``base.Backend``.
+
+It is the embedded default and the reference implementation the contract suite is written
+against. Everything runs on the event loop, so each method body is atomic by construction:
+no method awaits between reading and writing shared state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
+from broker.changes import Change
+from broker.config import Settings
+
+__all__ = ["MemoryBackend"]
+
+
+class _Inbox:
+    __slots__ = ("entries", "head")
+
+    def __init__(self) -> None:
+        # (offset, frame, monotonic time of append)
+        self.entries: deque[tuple[int, Frame, float]] = deque()
+        self.head = 0
+
+
+class MemoryBackend:
+    """Shared state for a single process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.epoch = secrets.token_hex(4)
+        self._sessions: dict[str, SessionRecord] = {}
+        self._seen: dict[str, float] = {}
+        self._subs: dict[str, set[str]] = {}
+        self._index: dict[tuple[str, str], set[str]] = {}
+        self._by_tenant: dict[str, set[str]] = {}
+        self._inboxes: dict[str, _Inbox] = {}
+        self._watchers: dict[str, list[WakeHandler]] = {}
+        self._owners: dict[str, str] = {}
+        self._log_seq = 0
+        self._log: deque[tuple[str, Change]] = deque()
+        self._pending: dict[str, tuple[str, float, Change]] = {}
+        self._log_ready = asyncio.Event()
+        self._broadcast: list[BroadcastHandler] = []
+        self._records: dict[tuple[str, str], dict[str, bytes]] = {}
+        self._record_ids: dict[tuple[str, str], list[str]] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._log_ready.set()
+
+    async def ping(self) -> None:
+        return None
+
+    # -- sessions -----------------------------------------------------------------------
+    async def create_session(self, record: SessionRecord) -> None:
+        self._sessions[record.id] = record
+        self._seen[record.id] = time.monotonic()
+        self._subs[record.id] = set()
+        self._by_tenant.setdefault(record.tenant, set()).add(record.id)
+        self._inboxes[record.id] = _Inbox()
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        record = self._sessions.get(session_id)
+        if record is None or self._expired(session_id):
+            return None
+        return replace(record)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        record = self._sessions.get(session_id)
+        if record is not None:
+            for name, value in fields.items():
+                setattr(record, name, value)
+
+    async def touch_sessions(self, session_ids: Sequence[str]) -> None:
+        now = time.monotonic()
+        for sid in session_ids:
+            if sid in self._seen:
+                self._seen[sid] = now
+
+    async def delete_session(self, session_id: str) -> bool:
+        record = self._sessions.pop(session_id, None)
+        if record is None:
+            return False
+        self._seen.pop(session_id, None)
+        for uri in self._subs.pop(session_id, set()):
+            self._unindex(record.tenant, uri, session_id)
+        tenant = self._by_tenant.get(record.tenant)
+        if tenant is not None:
+            tenant.discard(session_id)
+        self._inboxes.pop(session_id, None)
+        self._owners.pop(session_id, None)
+        return True
+
+    async def count_sessions(self) -> int:
+        return len(self._sessions)
+
+    async def expire_sessions(self) -> int:
+        expired = [sid for sid in self._sessions if self._expired(sid)]
+        for sid in expired:
+            await self.delete_session(sid)
+        return len(expired)
+
+    def _expired(self, session_id: str) -> bool:
+        return time.monotonic() - self._seen.get(session_id, 0.0) > self.settings.session_ttl
+
+    # -- subscriptions --------------------------------------------------------------------
+    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
+        subs = self._subs.get(session_id)
+        if subs is None:
+            return 0
+        subs.add(uri)
+        self._index.setdefault((tenant, uri), set()).add(session_id)
+        return len(subs)
+
+    async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None:
+        subs = self._subs.get(session_id)
+        if subs is not None and uri in subs:
+            subs.discard(uri)
+            self._unindex(tenant, uri, session_id)
+
+    def _unindex(self, tenant: str, uri: str, session_id: str) -> None:
+        members = self._index.get((tenant, uri))
+        if members is not None:
+            members.discard(session_id)
+            if not members:
+                del self._index[(tenant, uri)]
+
+    async def get_subscriptions(self, session_id: str) -> set[str]:
+        return set(self._subs.get(session_id, ()))
+
+    async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for uri in uris:
+            members = self._index.get((tenant, uri))
+            if members:
+                found[uri] = list(members)
+        return found
+
+    async def tenant_sessions(self, tenant: str) -> list[str]:
+        return list(self._by_tenant.get(tenant, ()))
+
+    # -- inboxes and wake-ups ------------------------------------------------------------
+    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        gone: list[str] = []
+        now = time.monotonic()
+        maxlen = self.settings.inbox_maxlen
+        for sid, frame in batch:
+            inbox = self._inboxes.get(sid)
+            if inbox is None:
+                gone.append(sid)
+                continue
+            inbox.head += 1
+            inbox.entries.append((inbox.head, frame, now))
+            while len(inbox.entries) > maxlen:
+                inbox.entries.popleft()
+            for handler in self._watchers.get(sid, ()):
+                handler(Wake("frames", inbox.head, frame=frame))
+        return gone
+
+    async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
+        inbox = self._inboxes.get(session_id)
+        if inbox is None:
+            return InboxRead(self.epoch, [], True, 0)
+        cutoff = time.monotonic() - self.settings.inbox_retention
+        entries = inbox.entries
+        while entries and entries[0][2] < cutoff:
+            entries.popleft()
+        earliest = entries[0][0] if entries else inbox.head + 1
+        if epoch != self.epoch or after > inbox.head or after < earliest - 1:
+            return InboxRead(self.epoch, [], True, inbox.head)
+        # Offsets are contiguous, so the first frame after the cursor sits at a known position.
+        start = after + 1 - earliest
+        frames = [(off, frame) for off, frame, _ in list(entries)[start : start + limit]]
+        return InboxRead(self.epoch, frames, False, inbox.head)
+
+    async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
+        handlers = self._watchers.setdefault(session_id, [])
+        handlers.append(handler)
+
+        async def unwatch() -> None:
+            current = self._watchers.get(session_id)
+            if current is not None and handler in current:
+                current.remove(handler)
+                if not current:
+                    del self._watchers[session_id]
+
+        return unwatch
+
+    async def claim_stream(self, session_id: str, owner: str) -> bool:
+        had = session_id in self._owners
+        if session_id in self._sessions:
+            self._owners[session_id] = owner
+        for handler in list(self._watchers.get(session_id, ())):
+            handler(Wake("takeover", owner=owner))
+        return had
+
+    # -- change log and fan-out ------------------------------------------------------------
+    async def publish(self, change: Change) -> str:
+        self._log_seq += 1
+        change_id = f"{self._log_seq}-0"
+        self._log.append((change_id, change))
+        while len(self._log) > self.settings.changelog_maxlen:
+            self._log.popleft()
+        self._log_ready.set()
+        return change_id
+
+    async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        if not self._log and block_ms > 0:
+            self._log_ready.clear()
+            try:
+                await asyncio.wait_for(self._log_ready.wait(), block_ms / 1000)
+            except TimeoutError:
+                return []
+        taken: list[tuple[str, Change]] = []
+        now = time.monotonic()
+        while self._log and len(taken) < count:
+            change_id, change = self._log.popleft()
+            self._pending[change_id] = (consumer, now, change)
+            taken.append((change_id, change))
+        return taken
+
+    async def ack_changes(self, ids: Sequence[str]) -> None:
+        for change_id in ids:
+            self._pending.pop(change_id, None)
+
+    async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
+        now = time.monotonic()
+        claimed: list[tuple[str, Change]] = []
+        for change_id, (_, since, change) in list(self._pending.items()):
+            if len(claimed) >= count:
+                break
+            if (now - since) * 1000 >= min_idle_ms:
+                self._pending[change_id] = (consumer, now, change)
+                claimed.append((change_id, change))
+        return claimed
+
+    async def broadcast(self, changes: Sequence[Change]) -> None:
+        for handler in list(self._broadcast):
+            for change in changes:
+                handler(change)
+
+    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]:
+        self._broadcast.append(handler)
+
+        async def remove() -> None:
+            if handler in self._broadcast:
+                self._broadcast.remove(handler)
+
+        return remove
+
+    # -- records ---------------------------------------------------------------------------
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+        key = (tenant, collection)
+        records = self._records.setdefault(key, {})
+        created = record_id not in records
+        records[record_id] = data
+        if created:
+            bisect.insort(self._record_ids.setdefault(key, []), record_id)
+        await self.publish(change)
+        return created
+
+    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
+        return self._records.get((tenant, collection), {}).get(record_id)
+
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+        key = (tenant, collection)
+        records = self._records.get(key)
+        if records is None or record_id not in records:
+            return False
+        del records[record_id]
+        ids = self._record_ids[key]
+        del ids[bisect.bisect_left(ids, record_id)]
+        if not records:
+            del self._records[key]
+            del self._record_ids[key]
+        await self.publish(change)
+        return True
+
+    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
+        ids = self._record_ids.get((tenant, collection), [])
+        start = bisect.bisect_right(ids, after) if after else 0
+        return ids[start : start + limit]
+
+    async def list_collections(self, tenant: str) -> list[str]:
+        return sorted(coll for (t, coll) in self._records if t == tenant)

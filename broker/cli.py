@@ -1,0 +1,112 @@
+"""``mcp-broker``: serve HTTP, serve stdio, run fan-out, publish a change."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from broker.server import BrokerServer, run_workers
+
+    os.environ["MCP_BROKER_HOST"] = args.host
+    os.environ["MCP_BROKER_PORT"] = str(args.port)
+    if args.demo:
+        os.environ["MCP_BROKER_DEMO"] = "true"
+    config = uvicorn.Config(
+        "broker.app:app_from_env",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        # Forwarded headers only matter behind a proxy; the broker trusts none by default.
+        proxy_headers=False,
+    )
+    if args.workers > 1:
+        run_workers(config)
+    else:
+        BrokerServer(config).run()
+    return 0
+
+
+def _stdio(args: argparse.Namespace) -> int:
+    from broker.transport.stdio import serve_stdio
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    asyncio.run(serve_stdio())
+    return 0
+
+
+def _fanout(args: argparse.Namespace) -> int:
+    from workers.fanout import main as fanout_main
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    return fanout_main(args.consumers)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from broker.changes import ChangeKind
+    from broker.config import Settings
+    from broker.core import Broker
+
+    async def run() -> str:
+        broker = Broker(Settings())
+        await broker.backend.start()
+        try:
+            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant)
+        finally:
+            await broker.backend.close()
+
+    print(asyncio.run(run()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-broker", description=__doc__)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve MCP over Streamable HTTP on /mcp, plus the REST API")
+    serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("MCP_BROKER_PORT", "8080")))
+    serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (Redis backend)")
+    serve.add_argument("--demo", action="store_true", help="create a demo collection whose record changes")
+    serve.set_defaults(func=_serve)
+
+    stdio = sub.add_parser("stdio", help="serve one MCP client on stdin/stdout")
+    stdio.set_defaults(func=_stdio)
+
+    fanout = sub.add_parser(
+        "fanout", help="run fan-out consumers only (set MCP_BROKER_EMBEDDED_FANOUT=false on HTTP workers)")
+    fanout.add_argument("--consumers", type=int, default=1)
+    fanout.set_defaults(func=_fanout)
+
+    publish = sub.add_parser("publish", help="publish a change for a URI")
+    publish.add_argument("uri")
+    publish.add_argument("--kind", default="updated", choices=["updated", "created", "deleted"])
+    publish.add_argument("--tenant", default=None)
+    publish.set_defaults(func=_publish)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args: Any = build_parser().parse_args(argv)
+    if args.command == "serve" and args.workers > 1 and not os.environ.get("MCP_BROKER_REDIS_URL"):
+        print("--workers > 1 needs MCP_BROKER_REDIS_URL: the memory backend lives in one process", file=sys.stderr)
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

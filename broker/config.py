@@ -1,0 +1,73 @@
+"""Settings, read from ``MCP_BROKER_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Every bound and timeout of the broker. Each has a default that suits one small host."""
+
+    model_config = SettingsConfigDict(env_prefix="MCP_BROKER_", extra="ignore")
+
+    # -- serving ------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: Empty: the in-memory backend (one process). ``redis://``, ``rediss://``,
+    #: ``redis+sentinel://`` or ``redis+cluster://``: the distributed Redis backend.
+    redis_url: str = ""
+    redis_prefix: str = "mcpb"
+    #: Origins allowed to call /mcp (DNS-rebinding protection). Requests without Origin pass.
+    allowed_origins: list[str] = Field(
+        default_factory=lambda: [
+            "http://localhost",
+            "http://127.0.0.1",
+            "http://[::1]",
+            "https://localhost",
+            "https://127.0.0.1",
+            "https://[::1]",
+        ]
+    )
+    #: Static API keys: ``{"<key>": "<tenant>/<subject>"}``. Empty: every caller is the anonymous
+    #: principal of tenant ``default``.
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    default_tenant: str = "default"
+    server_name: str = "mcp-broker"
+    instructions: str = "Resources with change notifications. Subscribe to a URI and re-read it when notified."
+
+    # -- limits -----------------------------------------------------------------------------
+    max_body_bytes: int = 1_048_576
+    max_uri_length: int = 2048
+    max_record_bytes: int = 262_144
+    max_sessions: int = 100_000
+    max_subscriptions_per_session: int = 1000
+    max_listens: int = 10_000
+    max_listen_uris: int = 1000
+    page_size: int = 100
+
+    # -- sessions and delivery ---------------------------------------------------------------
+    session_ttl: float = 1800.0
+    inbox_maxlen: int = 1000
+    inbox_retention: float = 3600.0
+    #: Frames read from an inbox in one go; a slow client's batch coalesces per URI.
+    inbox_batch: int = 256
+    #: Live frames one connection may have queued before it is cut with ``retry:``.
+    stream_buffer: int = 1024
+    keepalive_interval: float = 15.0
+    #: The SSE ``retry:`` hint, in milliseconds.
+    retry_ms: int = 1000
+
+    # -- change log and fan-out ----------------------------------------------------------------
+    #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.
+    embedded_fanout: bool = True
+    changelog_maxlen: int = 100_000
+    changelog_partitions: int = 1
+    fanout_batch: int = 256
+    fanout_claim_idle_ms: int = 5000
+
+    # -- demo ---------------------------------------------------------------------------------
+    demo: bool = False
+    demo_interval: float = 3.0

@@ -1,0 +1,100 @@
+"""The Broker: one object per process that wires the backend, resources, delivery and fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from typing import Any
+
+from broker import __version__
+from broker.backends import Backend, create_backend
+from broker.changes import Change, ChangeKind
+from broker.config import Settings
+from broker.delivery import Hub
+from broker.errors import BackendUnavailable
+from broker.fanout import Fanout
+from broker.methods import Methods
+from broker.protocol.messages import SERVER_INFO_KEY
+from broker.resources.base import ResourceProvider, Resources
+from broker.resources.records import RecordsProvider, RecordStore
+from broker.sessions import Sessions
+
+__all__ = ["RUNNING", "Broker"]
+
+logger = logging.getLogger(__name__)
+
+#: Brokers started in this process, so the server can end their streams on SIGTERM.
+RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
+class Broker:
+    """Everything a worker process runs, minus the transports.
+
+    ``start`` brings up the backend, the delivery hub and (by default) an embedded fan-out
+    consumer; ``stop`` ends every stream gracefully and releases the backend.
+    """
+
+    def __init__(self, settings: Settings | None = None, backend: Backend | None = None) -> None:
+        self.settings = settings or Settings()
+        self.backend = backend or create_backend(self.settings)
+        self.server_info = {"name": self.settings.server_name, "version": __version__}
+        self.resources = Resources([RecordsProvider(self.backend)])
+        self.records = RecordStore(self.backend)
+        self.sessions = Sessions(self.settings, self.backend)
+        self.hub = Hub(self.settings, self.backend, {SERVER_INFO_KEY: self.server_info})
+        self.methods = Methods(self)
+        self.fanout: Fanout | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started = False
+
+    def register(self, provider: ResourceProvider) -> None:
+        """Add a custom resource provider; it answers before the built-in record collections."""
+        self.resources.providers.insert(0, provider)
+
+    async def publish(self, uri: str, kind: ChangeKind = ChangeKind.UPDATED, *, tenant: str | None = None,
+                      meta: dict[str, Any] | None = None) -> str:
+        """Append a change to the change log; returns its id.
+
+        Raises:
+            BackendUnavailable: the change could not be stored (it was not accepted).
+        """
+        return await self.backend.publish(Change(tenant or self.settings.default_tenant, uri, kind, meta))
+
+    async def start(self) -> None:
+        await self.backend.start()
+        await self.hub.start()
+        if self.settings.embedded_fanout:
+            self.fanout = Fanout(self.settings, self.backend)
+            self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
+        self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
+        if self.settings.demo:
+            from broker.demo import run_demo
+
+            self._tasks.append(asyncio.create_task(run_demo(self), name="demo"))
+        self.started = True
+        RUNNING.add(self)
+
+    async def stop(self) -> None:
+        RUNNING.discard(self)
+        await self.hub.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.backend.close()
+        self.started = False
+
+    async def _expire_loop(self) -> None:
+        interval = max(min(self.settings.session_ttl / 4, 60.0), 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                expired = await self.backend.expire_sessions()
+                if expired:
+                    logger.info("expired %d idle sessions", expired)
+            except BackendUnavailable:
+                logger.warning("session expiry skipped: backend unavailable")

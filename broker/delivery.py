@@ -1,0 +1,350 @@
+"""Delivery: the streams one worker holds, and how frames reach them.
+
+Two kinds of stream live here:
+
+``LegacyStream``
+    The GET stream of a handshake-era session. It owns no buffer of its own: the session's
+    inbox in the backend is the source of truth and the stream is a cursor into it. Wake-ups
+    usually carry the frame, so the common case needs no read; whenever the carried frames
+    are not contiguous with the cursor the stream reads the inbox instead. The handoff from
+    replay to live is loss-free because the stream watches the session *before* it reads the
+    inbox, and merges by offset (a frame at or below the cursor is never sent twice).
+
+``Listen``
+    A 2026-07-28 ``subscriptions/listen`` stream. It has no replay by specification. Its
+    pending frames are coalesced per URI, so its buffer is bounded by the size of its filter.
+
+One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the
+idle clock of sessions with an open stream from running out, and ends every stream on
+shutdown (``retry:`` for legacy streams, the ``complete`` result for listens).
+
+Who cancels whom: a stream ends when its writer reports a disconnect, when the Hub shuts
+down, or (legacy) when another stream of the same session takes over. Ending only sets a
+flag and wakes the stream's own task, which then returns; nothing is cancelled from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+from broker.backends.base import Backend, Frame, SessionRecord, Wake
+from broker.changes import Change, ChangeKind
+from broker.config import Settings
+from broker.errors import BackendUnavailable
+from broker.protocol import messages
+from broker.uris import notify_targets
+
+__all__ = ["Hub", "LegacyStream", "Listen", "Writer", "coalesce", "format_event_id", "parse_event_id"]
+
+logger = logging.getLogger(__name__)
+
+SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
+
+
+class Writer(Protocol):
+    """Where a stream's messages go: an SSE response or the stdio channel."""
+
+    async def send(self, message: bytes, event_id: str | None = None) -> None: ...
+
+    async def comment(self) -> None: ...
+
+    async def retry(self) -> None:
+        """Tell the client when to reconnect (SSE ``retry:``); a no-op where that means nothing."""
+
+    async def prime(self, event_id: str) -> None:
+        """Give the client a cursor before any message (SSE priming event); a no-op where that means nothing."""
+
+
+def format_event_id(epoch: str, offset: int) -> str:
+    return f"{epoch}-{offset}"
+
+
+def parse_event_id(value: str) -> tuple[str, int] | None:
+    """``<epoch>-<offset>`` as issued by this broker; None for anything else."""
+    epoch, sep, offset = value.strip().rpartition("-")
+    if not sep or not epoch or not epoch.isalnum() or len(epoch) > 32:
+        return None
+    if not offset.isdigit() or len(offset) > 19:
+        return None
+    return epoch, int(offset)
+
+
+def coalesce(frames: list[tuple[int, Frame]]) -> list[tuple[int, Frame]]:
+    """Keep only the newest frame of each key, in offset order.
+
+    Safe because every frame is a level trigger; the newest frame's id still covers the skipped ones.
+    """
+    if len(frames) < 2:
+        return frames
+    newest: dict[str, int] = {frame.key: off for off, frame in frames}
+    return [(off, frame) for off, frame in frames if newest[frame.key] == off]
+
+
+class _Stream:
+    """What both kinds of stream share: a wake event and an end reason."""
+
+    def __init__(self, writer: Writer) -> None:
+        self.writer = writer
+        self.event = asyncio.Event()
+        self.ended: str | None = None
+        self.ping = False
+
+    def end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+        self.event.set()
+
+    def keepalive(self) -> None:
+        self.ping = True
+        self.event.set()
+
+    async def _wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+        if self.ping and self.ended is None:
+            self.ping = False
+            await self.writer.comment()
+
+
+class LegacyStream(_Stream):
+    """The one live GET stream of a legacy session."""
+
+    def __init__(self, hub: Hub, session: SessionRecord, writer: Writer, cursor: int | None, *, resync: bool = False,
+                 priming: bool = False) -> None:
+        """``cursor`` None: from the start of the inbox for a session's first stream, else from its head."""
+        super().__init__(writer)
+        self.hub = hub
+        self.session = session
+        self.cursor = cursor or 0
+        self._from_head = cursor is None
+        self._priming = priming
+        self.token = secrets.token_hex(8)
+        self._resync_first = resync
+        self._live: list[tuple[int, Frame]] = []
+        self._expect: int | None = None
+        self._dirty = True
+
+    def _on_wake(self, wake: Wake) -> None:
+        if wake.kind == "takeover":
+            if wake.owner != self.token:
+                self.end("takeover")
+            return
+        if (
+            wake.frame is not None
+            and not self._dirty
+            and wake.offset == self._expect
+            and len(self._live) < self.hub.settings.stream_buffer
+        ):
+            self._live.append((wake.offset, wake.frame))
+            self._expect = wake.offset + 1
+        else:
+            self._dirty = True
+        self.event.set()
+
+    async def run(self) -> str:
+        """Serve the stream until it ends; returns why it ended."""
+        backend = self.hub.backend
+        sid = self.session.id
+        unwatch = await backend.watch(sid, self._on_wake)
+        self.hub.legacy[self] = None
+        try:
+            had_stream = await backend.claim_stream(sid, self.token)
+            if self._from_head and had_stream:
+                self.cursor = (await backend.read_inbox(sid, self.session.epoch, 0, 0)).head
+            if self._priming:
+                await self.writer.prime(format_event_id(self.session.epoch, self.cursor))
+            if self._resync_first:
+                await self._resync()
+            while self.ended is None:
+                if self._dirty:
+                    await self._drain()
+                elif self._live:
+                    live, self._live = self._live, []
+                    await self._send([(off, f) for off, f in live if off > self.cursor])
+                if self.ended is None and not self._dirty and not self._live:
+                    await self._wait()
+        except BackendUnavailable:
+            self.end("unavailable")
+        finally:
+            self.hub.legacy.pop(self, None)
+            try:
+                await unwatch()
+            except BackendUnavailable:
+                pass
+        if self.ended in ("shutdown", "unavailable"):
+            await self.writer.retry()
+        return self.ended or "closed"
+
+    async def _drain(self) -> None:
+        backend = self.hub.backend
+        batch = self.hub.settings.inbox_batch
+        self._dirty = False
+        self._live = []
+        # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
+        self._expect = None
+        while self.ended is None:
+            read = await backend.read_inbox(self.session.id, self.session.epoch, self.cursor, batch)
+            if read.gap:
+                self.session.epoch = read.epoch
+                self.cursor = read.head
+                await self._resync()
+                continue
+            await self._send(read.frames)
+            if len(read.frames) < batch:
+                break
+        self._expect = self.cursor + 1
+
+    async def _resync(self) -> None:
+        """The gap rule: tell the client to re-read everything it watches, through the inbox."""
+        self._resync_first = False
+        frames = await self.hub.resync_frames(self.session)
+        await self.hub.backend.append_frames([(self.session.id, f) for f in frames])
+        self._dirty = True
+
+    async def _send(self, frames: list[tuple[int, Frame]]) -> None:
+        epoch = self.session.epoch
+        for off, frame in coalesce(frames):
+            if self.ended is not None:
+                return
+            await self.writer.send(frame.data, format_event_id(epoch, off))
+        if frames:
+            self.cursor = max(self.cursor, frames[-1][0])
+
+
+class Listen(_Stream):
+    """One ``subscriptions/listen`` stream (2026-07-28)."""
+
+    def __init__(self, hub: Hub, request_id: str | int, tenant: str, uris: list[str], list_changed: bool,
+                 writer: Writer) -> None:
+        super().__init__(writer)
+        self.hub = hub
+        self.request_id = request_id
+        self.tenant = tenant
+        self.uris = uris
+        self.list_changed = list_changed
+        # Pending frames keyed by what they are about: a URI changing twice before the client
+        # reads is sent once, so the buffer never holds more than one frame per watched URI.
+        self.pending: dict[str, bytes] = {}
+        self._stamp = {SUBSCRIPTION_ID: request_id}
+
+    def push(self, key: str, method: str, params: dict[str, Any]) -> None:
+        if self.ended is None and key not in self.pending:
+            self.pending[key] = messages.notification(method, {"_meta": self._stamp, **params})
+            self.event.set()
+
+    async def run(self, acknowledged: dict[str, Any]) -> str:
+        hub = self.hub
+        hub.add_listen(self)
+        try:
+            await self.writer.send(
+                messages.notification("notifications/subscriptions/acknowledged",
+                                      {"_meta": self._stamp, "notifications": acknowledged})
+            )
+            while self.ended is None:
+                if self.pending:
+                    pending, self.pending = self.pending, {}
+                    for data in pending.values():
+                        await self.writer.send(data)
+                else:
+                    await self._wait()
+            if self.ended == "shutdown":
+                await self.writer.send(messages.complete_result(self.request_id, hub.server_meta, self._stamp))
+        finally:
+            hub.remove_listen(self)
+        return self.ended or "closed"
+
+
+class Hub:
+    """Every stream this process holds, one keep-alive timer, and the listen registry."""
+
+    def __init__(self, settings: Settings, backend: Backend, server_meta: dict[str, Any]) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.server_meta = server_meta
+        self.legacy: dict[LegacyStream, None] = {}
+        self.listens: set[Listen] = set()
+        self._by_uri: dict[tuple[str, str], set[Listen]] = {}
+        self._list_changed: dict[str, set[Listen]] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._remove_broadcast: Callable[[], Awaitable[None]] | None = None
+        self.closing = False
+
+    async def start(self) -> None:
+        self._remove_broadcast = await self.backend.on_broadcast(self._on_change)
+        self._timer = asyncio.create_task(self._tick(), name="hub-keepalive")
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.keepalive_interval)
+            sids = [s.session.id for s in self.legacy]
+            for stream in [*self.legacy, *self.listens]:
+                stream.keepalive()
+            if sids:
+                try:
+                    await self.backend.touch_sessions(sids)
+                except BackendUnavailable:
+                    logger.warning("could not refresh %d open sessions: backend unavailable", len(sids))
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """End every stream (``retry:`` / ``complete``) and wait for them to go, at most ``timeout``."""
+        self.closing = True
+        for stream in [*self.legacy, *self.listens]:
+            stream.end("shutdown")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (self.legacy or self.listens) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._remove_broadcast is not None:
+            try:
+                await self._remove_broadcast()
+            except BackendUnavailable:
+                pass
+
+    # -- listens ------------------------------------------------------------------------
+    def add_listen(self, listen: Listen) -> None:
+        self.listens.add(listen)
+        for uri in listen.uris:
+            self._by_uri.setdefault((listen.tenant, uri), set()).add(listen)
+        if listen.list_changed:
+            self._list_changed.setdefault(listen.tenant, set()).add(listen)
+
+    def remove_listen(self, listen: Listen) -> None:
+        self.listens.discard(listen)
+        for uri in listen.uris:
+            members = self._by_uri.get((listen.tenant, uri))
+            if members is not None:
+                members.discard(listen)
+                if not members:
+                    del self._by_uri[(listen.tenant, uri)]
+        if listen.list_changed:
+            members = self._list_changed.get(listen.tenant)
+            if members is not None:
+                members.discard(listen)
+                if not members:
+                    del self._list_changed[listen.tenant]
+
+    def _on_change(self, change: Change) -> None:
+        if not self.listens:
+            return
+        for uri in notify_targets(change.uri):
+            for listen in self._by_uri.get((change.tenant, uri), ()):
+                params: dict[str, Any] = {"uri": uri}
+                listen.push("u:" + uri, "notifications/resources/updated", params)
+        if change.kind is not ChangeKind.UPDATED:
+            for listen in self._list_changed.get(change.tenant, ()):
+                listen.push("l", "notifications/resources/list_changed", {})
+
+    # -- legacy -------------------------------------------------------------------------
+    async def resync_frames(self, session: SessionRecord) -> list[Frame]:
+        uris = sorted(await self.backend.get_subscriptions(session.id))
+        frames = [Frame("u:" + uri, messages.notification("notifications/resources/updated", {"uri": uri}))
+                  for uri in uris]
+        frames.append(Frame("l", messages.notification("notifications/resources/list_changed")))
+        return frames
+

@@ -1,0 +1,118 @@
+"""Fan-out: from the change log into session inboxes and listen streams (DESIGN §2).
+
+Each fan-out consumer takes a batch of changes from the log's consumer group, turns them into
+frames for every subscribed session, appends those frames to the inboxes, broadcasts the
+changes to the workers holding listens, and only then acknowledges the batch. A consumer
+that dies before acknowledging leaves its batch pending; another claims it after
+``fanout_claim_idle_ms``. Delivery is therefore at least once; a duplicate frame is
+harmless because every notification is a level trigger.
+
+Within a batch, repeated updates of one URI coalesce into one frame (the newest change's
+``meta`` wins), and a tenant's ``list_changed`` is sent at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from broker.backends.base import Backend, Frame
+from broker.changes import Change, ChangeKind
+from broker.config import Settings
+from broker.errors import BackendUnavailable
+from broker.protocol.messages import notification
+from broker.uris import notify_targets
+
+__all__ = ["Fanout", "plan"]
+
+logger = logging.getLogger(__name__)
+
+LIST_CHANGED = Frame("l", notification("notifications/resources/list_changed"))
+
+
+def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[str]]:
+    """Per tenant, the URIs to notify (each with the newest change behind it), and the tenants whose lists changed."""
+    updates: dict[str, dict[str, Change]] = {}
+    listed: set[str] = set()
+    for change in changes:
+        per_tenant = updates.setdefault(change.tenant, {})
+        for uri in notify_targets(change.uri):
+            per_tenant.pop(uri, None)  # re-insert so the order follows the newest change
+            per_tenant[uri] = change
+        if change.kind is not ChangeKind.UPDATED:
+            listed.add(change.tenant)
+    return updates, listed
+
+
+def update_frame(uri: str, change: Change) -> Frame:
+    params: dict[str, Any] = {"uri": uri}
+    if change.meta:
+        params["_meta"] = change.meta
+    return Frame("u:" + uri, notification("notifications/resources/updated", params))
+
+
+class Fanout:
+    """One fan-out consumer. ``run`` loops until cancelled; ``process`` handles one batch."""
+
+    def __init__(self, settings: Settings, backend: Backend, name: str | None = None) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.name = name or f"fanout-{secrets.token_hex(4)}"
+        self.processed = 0
+
+    async def process(self, batch: Sequence[tuple[str, Change]]) -> None:
+        if not batch:
+            return
+        changes = [change for _, change in batch]
+        updates, listed = plan(changes)
+        frames: list[tuple[str, Frame]] = []
+        stale: list[tuple[str, str, str]] = []
+        for tenant, by_uri in updates.items():
+            subscribers = await self.backend.subscribers(tenant, list(by_uri))
+            for uri, sids in subscribers.items():
+                frame = update_frame(uri, by_uri[uri])
+                frames.extend((sid, frame) for sid in sids)
+                stale.extend((sid, tenant, uri) for sid in sids)
+        for tenant in listed:
+            frames.extend((sid, LIST_CHANGED) for sid in await self.backend.tenant_sessions(tenant))
+        gone = set(await self.backend.append_frames(frames)) if frames else set()
+        for sid, tenant, uri in stale:
+            if sid in gone:
+                # The session expired without cleaning the index (a store that expires keys does that).
+                await self.backend.remove_subscription(sid, tenant, uri)
+        await self.backend.broadcast(changes)
+        await self.backend.ack_changes([change_id for change_id, _ in batch])
+        self.processed += len(batch)
+
+    async def run(self) -> None:
+        """Consume the change log until cancelled, surviving backend outages."""
+        settings = self.settings
+        backoff = 0.05
+        claim_every = max(settings.fanout_claim_idle_ms / 1000, 0.5)
+        loop = asyncio.get_running_loop()
+        next_claim = loop.time() + claim_every
+        while True:
+            try:
+                if loop.time() >= next_claim:
+                    next_claim = loop.time() + claim_every
+                    claimed = await self.backend.claim_changes(self.name, settings.fanout_claim_idle_ms,
+                                                               settings.fanout_batch)
+                    if claimed:
+                        logger.info("claimed %d changes left pending by a dead consumer", len(claimed))
+                    await self.process(claimed)
+                batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
+                await self.process(batch)
+                backoff = 0.05
+            except BackendUnavailable:
+                logger.warning("fan-out paused: backend unavailable; retrying in %.2fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the fan-out boundary: log, back off, keep the worker alive
+                logger.exception("fan-out batch failed; it stays pending and will be retried")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)

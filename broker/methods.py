@@ -1,0 +1,230 @@
+"""MCP methods, shared by every transport and both eras.
+
+The transports parse, authenticate and route; this module validates params, calls the
+resources and the backend, and shapes results for the caller's era. ``subscriptions/listen``
+streams, so its transports serve it, but the checks before its ack live here too.
+
+Deliberate departures from the specification, each with its reason:
+
+* ``resources/subscribe`` accepts any absolute URI a provider does not own: changes to data
+  that lives elsewhere arrive through ``POST /changes``. URIs a provider owns are checked with
+  the same predicate as ``resources/read``.
+* Legacy ``resources/subscribe`` does not require an open GET stream (Harper does): frames
+  wait in the session inbox until a stream takes them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from broker.auth import Principal
+from broker.backends.base import SessionRecord
+from broker.errors import LimitExceeded, NotFound
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.messages import SERVER_INFO_KEY, capabilities
+from broker.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS, negotiate_legacy
+from broker.resources.base import BadCursor
+
+if TYPE_CHECKING:
+    from broker.core import Broker
+
+__all__ = ["Call", "Methods"]
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S")
+#: Results of these methods carry the 2026-07-28 caching hints.
+_CACHEABLE: Final = frozenset({"server/discover", "resources/list", "resources/read", "resources/templates/list"})
+LEGACY_METHODS: Final = frozenset({
+    "ping", "resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
+    "resources/unsubscribe",
+})
+MODERN_METHODS: Final = frozenset({
+    "server/discover", "resources/list", "resources/read", "resources/templates/list", "subscriptions/listen",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Who is calling, in which era, and (legacy) within which session."""
+
+    principal: Principal
+    modern: bool
+    session: SessionRecord | None = None
+
+
+class Methods:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.settings = broker.settings
+
+    # -- validation ------------------------------------------------------------------------
+    def uri_param(self, params: dict[str, Any], name: str = "uri") -> str:
+        """A URI param, checked for type, size and syntax. Raises RpcError -32602."""
+        uri = params.get(name)
+        if not isinstance(uri, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name} must be a string")
+        self.check_uri(uri)
+        return uri
+
+    def check_uri(self, uri: str) -> None:
+        if len(uri) > self.settings.max_uri_length:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"URI longer than {self.settings.max_uri_length} characters",
+                               {"maxLength": self.settings.max_uri_length})
+        if not _SCHEME.match(uri) or any(c.isspace() or ord(c) < 0x20 for c in uri):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "not an absolute URI", {"uri": uri})
+
+    def not_found(self, call: Call, uri: str) -> rpc.RpcError:
+        code = rpc.INVALID_PARAMS if call.modern else rpc.RESOURCE_NOT_FOUND
+        return rpc.RpcError(code, f"Resource not found: {uri}", {"uri": uri})
+
+    def check_watch(self, call: Call, uri: str) -> None:
+        """May the caller watch ``uri``? The same predicate as read. Raises the era's not-found error."""
+        self.check_uri(uri)
+        if not self.broker.resources.can_watch(call.principal, uri):
+            raise self.not_found(call, uri)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; returns its result. Raises RpcError."""
+        known = MODERN_METHODS if call.modern else LEGACY_METHODS
+        if method not in known or method == "subscriptions/listen":
+            raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
+        handler = getattr(self, "_" + method.replace("/", "_"))
+        result: dict[str, Any] = await handler(call, params)
+        if call.modern:
+            result["resultType"] = "complete"
+            result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.broker.server_info
+            if method in _CACHEABLE:
+                result.setdefault("ttlMs", 0)
+                result.setdefault("cacheScope", "private")
+        return result
+
+    def initialize(self, params: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """Validate legacy ``initialize`` params; returns (negotiated version, client info, client capabilities)."""
+        version = params.get("protocolVersion")
+        if not isinstance(version, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.protocolVersion must be a string")
+        client_info = params.get("clientInfo", {})
+        caps = params.get("capabilities", {})
+        if not isinstance(client_info, dict) or not isinstance(caps, dict):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.clientInfo and params.capabilities must be objects")
+        return negotiate_legacy(version), client_info, caps
+
+    def initialize_result(self, version: str) -> dict[str, Any]:
+        return {
+            "protocolVersion": version,
+            "capabilities": capabilities(),
+            "serverInfo": self.broker.server_info,
+            "instructions": self.settings.instructions,
+        }
+
+    # -- handlers ----------------------------------------------------------------------------
+    async def _ping(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    async def _server_discover(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "supportedVersions": list(MODERN_VERSIONS),
+            "capabilities": capabilities(),
+            "instructions": self.settings.instructions,
+            "ttlMs": 300_000,
+            "cacheScope": "public",
+        }
+
+    async def _resources_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
+        try:
+            page, next_cursor = await self.broker.resources.list_page(call.principal, cursor, self.settings.page_size)
+        except BadCursor as exc:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor}) from exc
+        result: dict[str, Any] = {"resources": page}
+        if next_cursor is not None:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def _resources_templates_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        cursor = params.get("cursor")
+        if cursor is not None:
+            # One page holds every template; only a cursor this listing never issues can arrive here.
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
+        return {"resourceTemplates": self.broker.resources.templates(call.principal)}
+
+    async def _resources_read(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        uri = self.uri_param(params)
+        try:
+            contents = await self.broker.resources.read(call.principal, uri)
+        except NotFound as exc:
+            raise self.not_found(call, uri) from exc
+        return {"contents": contents}
+
+    async def _resources_subscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        uri = self.uri_param(params)
+        self.check_watch(call, uri)
+        session = self._session(call)
+        limit = self.settings.max_subscriptions_per_session
+        subs = await self.broker.backend.get_subscriptions(session.id)
+        if uri not in subs and len(subs) >= limit:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Subscription limit reached: {limit} URIs per session",
+                               {"limit": limit})
+        await self.broker.backend.add_subscription(session.id, session.tenant, uri)
+        return {}
+
+    async def _resources_unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        uri = self.uri_param(params)
+        session = self._session(call)
+        await self.broker.backend.remove_subscription(session.id, session.tenant, uri)
+        return {}
+
+    @staticmethod
+    def _session(call: Call) -> SessionRecord:
+        if call.session is None:
+            raise rpc.RpcError(rpc.INVALID_REQUEST, "This method needs an initialized session")
+        return call.session
+
+    # -- subscriptions/listen (checks before the ack) -----------------------------------------------
+    def listen_filter(self, call: Call, params: dict[str, Any]) -> tuple[list[str], bool, dict[str, Any]]:
+        """Validate a listen filter; returns (URIs, resourcesListChanged, the acknowledged filter).
+
+        Raises:
+            RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs.
+        """
+        spec = params.get("notifications")
+        if not isinstance(spec, dict):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.notifications must be an object", status=400)
+        uris = spec.get("resourceSubscriptions", [])
+        if not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "notifications.resourceSubscriptions must be an array of strings",
+                               status=400)
+        uris = list(dict.fromkeys(uris))
+        if len(uris) > self.settings.max_listen_uris:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Too many URIs: at most {self.settings.max_listen_uris} per listen",
+                               {"limit": self.settings.max_listen_uris}, status=400)
+        for flag in ("toolsListChanged", "promptsListChanged", "resourcesListChanged"):
+            if flag in spec and not isinstance(spec[flag], bool):
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", status=400)
+        for uri in uris:
+            self.check_watch(call, uri)
+        list_changed = spec.get("resourcesListChanged") is True
+        # Only what the broker honours: it has no tools or prompts, so those flags are left out.
+        ack: dict[str, Any] = {}
+        if list_changed:
+            ack["resourcesListChanged"] = True
+        if "resourceSubscriptions" in spec:
+            ack["resourceSubscriptions"] = uris
+        return uris, list_changed, ack
+
+    def check_listen_capacity(self) -> None:
+        if len(self.broker.hub.listens) >= self.settings.max_listens:
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
+                               {"limit": self.settings.max_listens})
+
+    @staticmethod
+    def supported(version: str) -> bool:
+        return version in LEGACY_VERSIONS or version in MODERN_VERSIONS
+
+
+def limit_error(exc: LimitExceeded) -> rpc.RpcError:
+    return rpc.RpcError(rpc.INTERNAL_ERROR, f"Limit reached: {exc}")

@@ -1,0 +1,156 @@
+"""JSON-RPC 2.0 framing: parsing, error codes and encoders.
+
+Encoders return ``bytes`` (orjson) because every message ends up on a socket or in a
+backend; the hot path never builds a JSON string twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+__all__ = [
+    "HEADER_MISMATCH",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "MISSING_CLIENT_CAPABILITY",
+    "PARSE_ERROR",
+    "RESOURCE_NOT_FOUND",
+    "UNSUPPORTED_PROTOCOL_VERSION",
+    "Message",
+    "RpcError",
+    "encode_error",
+    "encode_notification",
+    "encode_result",
+    "parse_body",
+    "parse_message",
+]
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+#: Legacy (<= 2025-11-25) "resource not found".
+RESOURCE_NOT_FOUND: Final = -32002
+#: 2026-07-28 codes.
+HEADER_MISMATCH: Final = -32020
+MISSING_CLIENT_CAPABILITY: Final = -32021
+UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+#: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
+SERVICE_UNAVAILABLE: Final = -31000
+
+Id = str | int
+
+
+class RpcError(Exception):
+    """A JSON-RPC error to send back to the peer.
+
+    ``status`` is the HTTP status the transport should use when the error is the whole reply.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None, *, status: int = 200) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.status = status
+
+    def __repr__(self) -> str:
+        return f"RpcError(code={self.code}, message={self.message!r}, status={self.status})"
+
+    def to_dict(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One parsed JSON-RPC message. ``kind`` is ``request``, ``notification`` or ``response``."""
+
+    kind: str
+    method: str | None
+    id: Id | None
+    params: dict[str, Any]
+    raw: dict[str, Any]
+
+    @property
+    def is_request(self) -> bool:
+        return self.kind == "request"
+
+
+def parse_body(body: bytes) -> Any:
+    """Decode a JSON body.
+
+    Raises:
+        RpcError: -32700 (HTTP 400) when the body is not JSON.
+    """
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON", status=400) from exc
+
+
+def _valid_id(value: Any) -> bool:
+    # bool is an int subclass in Python, but true/false is not a JSON-RPC id.
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def request_id_of(obj: Any) -> Id | None:
+    """The id of a possibly malformed message, when it can be read (for the error reply)."""
+    if isinstance(obj, dict):
+        value = obj.get("id")
+        if _valid_id(value):
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def parse_message(obj: Any) -> Message:
+    """Validate one decoded JSON-RPC message.
+
+    Raises:
+        RpcError: -32600 (HTTP 400) for anything that is not a JSON-RPC 2.0 message.
+    """
+    if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", status=400)
+    method = obj.get("method")
+    has_id = "id" in obj
+    if method is None:
+        if has_id and _valid_id(obj["id"]) and (("result" in obj) != ("error" in obj)):
+            return Message("response", None, obj["id"], {}, obj)
+        raise RpcError(INVALID_REQUEST, "Invalid Request: missing method", status=400)
+    if not isinstance(method, str) or not method:
+        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string", status=400)
+    params = obj.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_REQUEST, "Invalid Request: params must be an object", status=400)
+    if has_id:
+        if not _valid_id(obj["id"]):
+            raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer", status=400)
+        return Message("request", method, obj["id"], params, obj)
+    return Message("notification", method, None, params, obj)
+
+
+def encode_result(id_: Id | None, result: dict[str, Any]) -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "result": result})
+
+
+def encode_error(id_: Id | None, error: RpcError) -> bytes:
+    """Encode an error response; the id is left out when the request's id could not be read."""
+    if id_ is None:
+        return orjson.dumps({"jsonrpc": "2.0", "error": error.to_dict()})
+    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": error.to_dict()})
+
+
+def encode_notification(method: str, params: dict[str, Any] | None = None) -> bytes:
+    if params is None:
+        return orjson.dumps({"jsonrpc": "2.0", "method": method})
+    return orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params})

@@ -1,0 +1,105 @@
+"""The provider seam and the registry that pages across providers.
+
+A provider answers for the URIs it owns. Changes never flow through a provider's return
+values: a provider whose data changes calls :meth:`broker.core.Broker.publish` (or the
+backend's record writes publish for it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from broker.auth import Principal
+from broker.errors import NotFound
+
+__all__ = ["BadCursor", "ResourceProvider", "Resources"]
+
+Json = dict[str, Any]
+
+
+class BadCursor(ValueError):
+    """A pagination cursor the broker did not issue, or one from another listing."""
+
+
+class ResourceProvider(Protocol):
+    def owns(self, uri: str) -> bool:
+        """True when this provider answers for ``uri`` (it may still not exist)."""
+
+    def can_watch(self, principal: Principal, uri: str) -> bool:
+        """May ``principal`` read (and therefore watch) ``uri``? Same predicate as ``read``'s access check."""
+
+    async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
+        """Up to ``limit`` resources after ``state`` (None: from the start) and the state of the next page."""
+
+    async def read(self, principal: Principal, uri: str) -> list[Json]:
+        """The contents of ``uri``. Raises NotFound when it does not exist for this principal."""
+
+    def templates(self, principal: Principal) -> list[Json]: ...
+
+
+def _encode_cursor(index: int, state: str) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([index, state])).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str | None]:
+    try:
+        index, state = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise BadCursor(cursor) from exc
+    if not isinstance(index, int) or not (state is None or isinstance(state, str)):
+        raise BadCursor(cursor)
+    return index, state
+
+
+class Resources:
+    """The registered providers, in order; the first that owns a URI answers for it."""
+
+    def __init__(self, providers: Sequence[ResourceProvider] = ()) -> None:
+        self.providers: list[ResourceProvider] = list(providers)
+
+    def register(self, provider: ResourceProvider) -> None:
+        self.providers.append(provider)
+
+    def owner(self, uri: str) -> ResourceProvider | None:
+        for provider in self.providers:
+            if provider.owns(uri):
+                return provider
+        return None
+
+    async def list_page(self, principal: Principal, cursor: str | None, limit: int) -> tuple[list[Json], str | None]:
+        """One page across all providers.
+
+        Raises:
+            BadCursor: the cursor is not one this listing issued.
+        """
+        index, state = (0, None) if cursor is None else _decode_cursor(cursor)
+        if not 0 <= index < max(len(self.providers), 1):
+            raise BadCursor(cursor or "")
+        page: list[Json] = []
+        while index < len(self.providers) and len(page) < limit:
+            items, state = await self.providers[index].list_page(principal, state, limit - len(page))
+            page.extend(items)
+            if state is None:
+                index += 1
+        if index >= len(self.providers):
+            return page, None
+        return page, _encode_cursor(index, state or "")
+
+    async def read(self, principal: Principal, uri: str) -> list[Json]:
+        provider = self.owner(uri)
+        if provider is None:
+            raise NotFound(uri)
+        return await provider.read(principal, uri)
+
+    def can_watch(self, principal: Principal, uri: str) -> bool:
+        """URIs no provider owns may be watched: their changes arrive through ``POST /changes``."""
+        provider = self.owner(uri)
+        return provider is None or provider.can_watch(principal, uri)
+
+    def templates(self, principal: Principal) -> list[Json]:
+        return [t for provider in self.providers for t in provider.templates(principal)]

@@ -1,0 +1,147 @@
+"""Record collections: JSON records kept in the backend, one resource per record and per collection.
+
+A write stores the record and appends its change in one backend step; the fan-out then
+notifies the record's subscribers and its collection's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from broker.auth import Principal
+from broker.backends.base import Backend
+from broker.changes import Change, ChangeKind
+from broker.errors import NotFound
+from broker.uris import SCHEME, collection_uri, parse_record_uri, record_uri
+
+__all__ = ["RecordStore", "RecordsProvider", "merge_patch"]
+
+Json = dict[str, Any]
+#: How many record ids a collection read shows; the full listing is paged by resources/list.
+COLLECTION_READ_LIMIT = 1000
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class RecordStore:
+    """Reads and writes records for the REST API, the CLI and the demo."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def put(self, tenant: str, collection: str, record_id: str, value: Any, meta: Json | None = None) -> bool:
+        """Store ``value`` (any JSON) as the record; True when it was created."""
+        uri = record_uri(tenant, collection, record_id)
+        data = orjson.dumps(value)
+        existing = await self.backend.read_record(tenant, collection, record_id)
+        kind = ChangeKind.UPDATED if existing is not None else ChangeKind.CREATED
+        return await self.backend.write_record(tenant, collection, record_id, data, Change(tenant, uri, kind, meta))
+
+    async def get(self, tenant: str, collection: str, record_id: str) -> Any:
+        """The record's value. Raises NotFound."""
+        data = await self.backend.read_record(tenant, collection, record_id)
+        if data is None:
+            raise NotFound(record_uri(tenant, collection, record_id))
+        return orjson.loads(data)
+
+    async def delete(self, tenant: str, collection: str, record_id: str, meta: Json | None = None) -> None:
+        """Delete the record. Raises NotFound."""
+        uri = record_uri(tenant, collection, record_id)
+        change = Change(tenant, uri, ChangeKind.DELETED, meta)
+        if not await self.backend.delete_record(tenant, collection, record_id, change):
+            raise NotFound(uri)
+
+    async def ids(self, tenant: str, collection: str, after: str = "", limit: int = 100) -> list[str]:
+        return await self.backend.list_records(tenant, collection, after, limit)
+
+
+class RecordsProvider:
+    """Serves ``mcpb://<tenant>/<collection>[/<id>]`` to principals of that tenant."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def owns(self, uri: str) -> bool:
+        return uri.startswith(SCHEME + "://")
+
+    def can_watch(self, principal: Principal, uri: str) -> bool:
+        ref = parse_record_uri(uri)
+        return ref is not None and ref.tenant == principal.tenant
+
+    async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
+        # Each collection lists as its own resource followed by its records. The state is
+        # "<collection>\x00<last record id listed>" ('' when only the collection was listed).
+        tenant = principal.tenant
+        resume, _, after = state.partition("\x00") if state else ("", "", "")
+        items: list[Json] = []
+        for name in await self.backend.list_collections(tenant):
+            if name < resume:
+                continue
+            if name != resume:
+                items.append(self._collection_item(tenant, name))
+                after = ""
+            while len(items) < limit:
+                ids = await self.backend.list_records(tenant, name, after, limit - len(items))
+                if not ids:
+                    break
+                items.extend(self._record_item(tenant, name, rid) for rid in ids)
+                after = ids[-1]
+            if len(items) >= limit:
+                return items, f"{name}\x00{after}"
+        return items, None
+
+    @staticmethod
+    def _collection_item(tenant: str, name: str) -> Json:
+        return {
+            "uri": collection_uri(tenant, name),
+            "name": name,
+            "title": f"Collection {name}",
+            "description": f"The records of collection {name}; notified when any of them changes.",
+            "mimeType": "application/json",
+        }
+
+    @staticmethod
+    def _record_item(tenant: str, collection: str, record_id: str) -> Json:
+        return {"uri": record_uri(tenant, collection, record_id), "name": f"{collection}/{record_id}",
+                "mimeType": "application/json"}
+
+    async def read(self, principal: Principal, uri: str) -> list[Json]:
+        ref = parse_record_uri(uri)
+        if ref is None or ref.tenant != principal.tenant:
+            raise NotFound(uri)
+        if ref.record_id is None:
+            ids = await self.backend.list_records(ref.tenant, ref.collection, "", COLLECTION_READ_LIMIT + 1)
+            if not ids:
+                raise NotFound(uri)
+            body: Json = {
+                "collection": ref.collection,
+                "records": [record_uri(ref.tenant, ref.collection, rid) for rid in ids[:COLLECTION_READ_LIMIT]],
+                "truncated": len(ids) > COLLECTION_READ_LIMIT,
+            }
+            return [{"uri": uri, "mimeType": "application/json", "text": orjson.dumps(body).decode()}]
+        data = await self.backend.read_record(ref.tenant, ref.collection, ref.record_id)
+        if data is None:
+            raise NotFound(uri)
+        return [{"uri": uri, "mimeType": "application/json", "text": data.decode()}]
+
+    def templates(self, principal: Principal) -> list[Json]:
+        base = f"{SCHEME}://{principal.tenant}"
+        return [
+            {"uriTemplate": base + "/{collection}/{id}", "name": "record", "title": "A record of a collection",
+             "mimeType": "application/json"},
+            {"uriTemplate": base + "/{collection}", "name": "collection", "title": "A whole collection",
+             "mimeType": "application/json"},
+        ]

@@ -1,0 +1,344 @@
+"""Streamable HTTP on ``/mcp``: both protocol eras on one endpoint.
+
+Routing (DESIGN §1, as the official Python SDK does): a request whose ``MCP-Protocol-Version``
+header names a modern version, or that carries the modern ``_meta`` envelope and is not
+``initialize``, is handled statelessly; everything else is the legacy, session-based shape.
+
+Legacy choices the specification leaves open:
+
+* POST requests are answered with ``application/json``, never with an SSE stream; only the
+  GET stream carries event ids, so ``Last-Event-ID`` always names a position in the
+  session's inbox.
+* One live GET stream per session: a second GET *takes over* and the first one ends. A
+  client whose connection died half-open is never locked out (a 409 would lock it out until
+  the server noticed), and a message goes to exactly one stream.
+* A GET without ``Last-Event-ID`` starts at the beginning of the inbox when the session never
+  had a stream (so nothing published between ``initialize`` and the first GET is lost), and
+  at its head otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from broker.auth import Principal, Unauthorized, authenticate
+from broker.core import Broker
+from broker.delivery import LegacyStream, Listen, parse_event_id
+from broker.errors import BackendUnavailable, LimitExceeded, SessionNotFound
+from broker.methods import Call
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.envelope import check_headers, check_meta, has_modern_meta
+from broker.protocol.jsonrpc import Message
+from broker.protocol.versions import BATCH_VERSIONS, DEFAULT_LEGACY, LEGACY_VERSIONS, PRIMING_VERSIONS
+from broker.transport.sse import SSEResponse, SSEWriter
+
+__all__ = ["McpEndpoint"]
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "mcp-session-id"
+JSON = "application/json"
+
+
+def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status_code=status, media_type=JSON, headers=headers)
+
+
+def error_response(error: rpc.RpcError, id_: rpc.Id | None = None, headers: dict[str, str] | None = None) -> Response:
+    return json_response(rpc.encode_error(id_, error), error.status, headers)
+
+
+def http_error(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return error_response(rpc.RpcError(code, message, status=status), None, headers)
+
+
+def _accepts(accept: str, media_type: str) -> bool:
+    kinds = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    major = media_type.split("/")[0]
+    return media_type in kinds or "*/*" in kinds or f"{major}/*" in kinds
+
+
+class McpEndpoint:
+    """The ASGI app mounted at ``/mcp``."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.settings = broker.settings
+        self.methods = broker.methods
+        self._origins = self._origin_rules(self.settings.allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self.handle(request)
+        except BackendUnavailable:
+            response = http_error(503, rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
+                                  {"Retry-After": "1"})
+        await response(scope, receive, send)
+
+    # -- checks shared by every method ------------------------------------------------------
+    @staticmethod
+    def _origin_rules(origins: list[str]) -> set[tuple[str, str, int | None]]:
+        rules: set[tuple[str, str, int | None]] = set()
+        for origin in origins:
+            parts = urlsplit(origin)
+            if parts.scheme and parts.hostname:
+                rules.add((parts.scheme, parts.hostname, parts.port))
+        return rules
+
+    def origin_allowed(self, origin: str | None) -> bool:
+        """Requests without ``Origin`` are not from a browser; an allowed origin matches any port unless it names one."""
+        if origin is None:
+            return True
+        try:
+            parts = urlsplit(origin)
+            port = parts.port
+        except ValueError:
+            return False
+        if not parts.scheme or not parts.hostname:
+            return False
+        return (parts.scheme, parts.hostname, port) in self._origins or (
+            (parts.scheme, parts.hostname, None) in self._origins
+        )
+
+    async def handle(self, request: Request) -> Response:
+        if not self.origin_allowed(request.headers.get("origin")):
+            return http_error(403, rpc.INVALID_REQUEST, "Forbidden: Origin not allowed")
+        try:
+            principal = authenticate(self.settings, request.headers.get("authorization"))
+        except Unauthorized as exc:
+            return http_error(401, rpc.INVALID_REQUEST, f"Unauthorized: {exc}", {"WWW-Authenticate": "Bearer"})
+        version_header = request.headers.get("mcp-protocol-version")
+        modern_header = version_header is not None and version_header not in LEGACY_VERSIONS
+        method = request.method
+        if method == "POST":
+            return await self.post(request, principal, version_header, modern_header)
+        if method in ("GET", "DELETE") and not modern_header:
+            if method == "GET":
+                return await self.get(request, principal, version_header)
+            return await self.delete(request, principal, version_header)
+        allow = "POST" if modern_header else "GET, POST, DELETE"
+        return http_error(405, rpc.INVALID_REQUEST, "Method not allowed", {"Allow": allow})
+
+    async def _body(self, request: Request) -> bytes | Response:
+        limit = self.settings.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return http_error(413, rpc.INVALID_REQUEST, f"Request body larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return http_error(413, rpc.INVALID_REQUEST, f"Request body larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # -- POST -------------------------------------------------------------------------------
+    async def post(self, request: Request, principal: Principal, version_header: str | None,
+                   modern_header: bool) -> Response:
+        accept = request.headers.get("accept", "")
+        if not (_accepts(accept, JSON) and _accepts(accept, "text/event-stream")):
+            return http_error(406, rpc.INVALID_REQUEST,
+                              "Not Acceptable: Accept must list application/json and text/event-stream")
+        content_type = request.headers.get("content-type", "")
+        if content_type.split(";")[0].strip().lower() != JSON:
+            return http_error(415, rpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json")
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        try:
+            obj = rpc.parse_body(body)
+        except rpc.RpcError as exc:
+            return error_response(exc)
+        is_initialize = isinstance(obj, dict) and obj.get("method") == "initialize"
+        if modern_header or (version_header is None and not is_initialize and has_modern_meta(obj)):
+            return await self.post_modern(request, principal, obj)
+        return await self.post_legacy(request, principal, version_header, obj)
+
+    async def post_legacy(self, request: Request, principal: Principal, version_header: str | None,
+                          obj: Any) -> Response:
+        if isinstance(obj, list):
+            return await self.post_batch(request, principal, version_header, obj)
+        try:
+            msg = rpc.parse_message(obj)
+        except rpc.RpcError as exc:
+            return error_response(exc, rpc.request_id_of(obj))
+        if msg.method == "initialize":
+            return await self.initialize(principal, msg)
+        session = await self._session(request, principal, version_header)
+        if isinstance(session, Response):
+            return session
+        if not msg.is_request:
+            await self._legacy_notification(session.id, msg)
+            return Response(status_code=202)
+        reply = await self._legacy_request(Call(principal, False, session), msg)
+        return json_response(reply)
+
+    async def post_batch(self, request: Request, principal: Principal, version_header: str | None,
+                         items: list[Any]) -> Response:
+        if not items:
+            return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: empty batch", status=400))
+        session = await self._session(request, principal, version_header)
+        if isinstance(session, Response):
+            return session
+        if session.protocol_version not in BATCH_VERSIONS:
+            return error_response(rpc.RpcError(
+                rpc.INVALID_REQUEST, f"Invalid Request: batches are not part of {session.protocol_version}", status=400))
+        replies: list[bytes] = []
+        call = Call(principal, False, session)
+        for item in items:
+            try:
+                msg = rpc.parse_message(item)
+            except rpc.RpcError as exc:
+                replies.append(rpc.encode_error(rpc.request_id_of(item), exc))
+                continue
+            if msg.method == "initialize":
+                replies.append(rpc.encode_error(msg.id, rpc.RpcError(rpc.INVALID_REQUEST,
+                                                                     "initialize must not be batched")))
+            elif msg.is_request:
+                replies.append(await self._legacy_request(call, msg))
+            else:
+                await self._legacy_notification(session.id, msg)
+        if not replies:
+            return Response(status_code=202)
+        return json_response(b"[" + b",".join(replies) + b"]")
+
+    async def initialize(self, principal: Principal, msg: Message) -> Response:
+        if not msg.is_request:
+            return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request", status=400))
+        try:
+            version, client_info, caps = self.methods.initialize(msg.params)
+            record = await self.broker.sessions.create(principal, version, client_info, caps)
+        except rpc.RpcError as exc:
+            return error_response(exc, msg.id)
+        except LimitExceeded:
+            return error_response(rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503),
+                                  msg.id, {"Retry-After": "5"})
+        body = rpc.encode_result(msg.id, self.methods.initialize_result(version))
+        return json_response(body, headers={"Mcp-Session-Id": record.id})
+
+    async def _session(self, request: Request, principal: Principal, version_header: str | None) -> Any:
+        """The request's session, or the error response that ends the request."""
+        sid = request.headers.get(SESSION_HEADER)
+        if not sid:
+            return http_error(400, rpc.INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required")
+        if version_header is not None and version_header not in LEGACY_VERSIONS:
+            return http_error(400, rpc.INVALID_REQUEST, f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
+        try:
+            return await self.broker.sessions.load(sid, principal)
+        except SessionNotFound:
+            return http_error(404, rpc.INVALID_REQUEST, "Session not found")
+
+    async def _legacy_notification(self, session_id: str, msg: Message) -> None:
+        if msg.method == "notifications/initialized":
+            await self.broker.backend.update_session(session_id, initialized=True)
+        # notifications/cancelled: every request is answered before its POST returns, so there is
+        # nothing in flight to cancel. Responses and other notifications are accepted and dropped.
+
+    async def _legacy_request(self, call: Call, msg: Message) -> bytes:
+        assert msg.method is not None and msg.id is not None  # a request has both (parse_message)
+        try:
+            return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
+        except rpc.RpcError as exc:
+            return rpc.encode_error(msg.id, exc)
+
+    # -- GET and DELETE (legacy) ------------------------------------------------------------------
+    async def get(self, request: Request, principal: Principal, version_header: str | None) -> Response | SSEResponse:
+        if not _accepts(request.headers.get("accept", ""), "text/event-stream"):
+            return http_error(406, rpc.INVALID_REQUEST, "Not Acceptable: Accept must list text/event-stream")
+        session = await self._session(request, principal, version_header)
+        if isinstance(session, Response):
+            return session
+        if self.broker.hub.closing:
+            return http_error(503, rpc.SERVICE_UNAVAILABLE, "Shutting down", {"Retry-After": "1"})
+        last_event_id = request.headers.get("last-event-id")
+        cursor: int | None = None
+        resync = False
+        if last_event_id is not None:
+            parsed = parse_event_id(last_event_id)
+            if parsed is None:
+                return http_error(400, rpc.INVALID_REQUEST, "Bad Request: malformed Last-Event-ID")
+            epoch, cursor = parsed
+            if epoch != session.epoch:
+                # A cursor from another data generation: the gap rule, never "replay everything".
+                resync, cursor = True, 0
+        version = version_header or session.protocol_version or DEFAULT_LEGACY
+        stream = LegacyStream(self.broker.hub, session, _PendingWriter(), cursor, resync=resync,
+                              priming=version in PRIMING_VERSIONS)
+
+        async def run(writer: SSEWriter) -> None:
+            stream.writer = writer
+            await stream.run()
+
+        return SSEResponse(run, lambda: stream.end("disconnect"), retry_ms=self.settings.retry_ms)
+
+    async def delete(self, request: Request, principal: Principal, version_header: str | None) -> Response:
+        session = await self._session(request, principal, version_header)
+        if isinstance(session, Response):
+            return session
+        await self.broker.sessions.end(session.id)
+        return Response(status_code=200)
+
+    # -- 2026-07-28 --------------------------------------------------------------------------
+    async def post_modern(self, request: Request, principal: Principal, obj: Any) -> Response | SSEResponse:
+        if isinstance(obj, list):
+            return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: batches are not supported",
+                                               status=400))
+        try:
+            msg = rpc.parse_message(obj)
+        except rpc.RpcError as exc:
+            return error_response(exc, rpc.request_id_of(obj))
+        if msg.kind == "notification":
+            return Response(status_code=202)  # e.g. a stray notifications/cancelled: accepted and dropped
+        if msg.kind == "response":
+            return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "Clients must not send responses", status=400))
+        try:
+            version, _caps = check_meta(msg)
+            check_headers(msg, version, request.headers.get)
+            call = Call(principal, True)
+            assert msg.method is not None and msg.id is not None
+            if msg.method == "subscriptions/listen":
+                return self.listen(call, msg)
+            result = await self.methods.call(call, msg.method, msg.params)
+        except rpc.RpcError as exc:
+            return error_response(exc, msg.id)
+        return json_response(rpc.encode_result(msg.id, result))
+
+    def listen(self, call: Call, msg: Message) -> SSEResponse:
+        """Refusals come back as JSON before the stream starts; after the ack only notifications follow."""
+        assert msg.id is not None
+        if self.broker.hub.closing:
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Shutting down; retry on another worker", status=503)
+        uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
+        self.methods.check_listen_capacity()
+        listen = Listen(self.broker.hub, msg.id, call.principal.tenant, uris, list_changed, _PendingWriter())
+
+        async def run(writer: SSEWriter) -> None:
+            listen.writer = writer
+            await listen.run(ack)
+
+        return SSEResponse(run, lambda: listen.end("disconnect"), retry_ms=self.settings.retry_ms)
+
+
+class _PendingWriter:
+    """Stands in until the response has started and the real writer exists."""
+
+    async def send(self, message: bytes, event_id: str | None = None) -> None:
+        raise RuntimeError("stream not started")
+
+    async def comment(self) -> None:
+        return None
+
+    async def retry(self) -> None:
+        return None
+
+    async def prime(self, event_id: str) -> None:
+        return None
+

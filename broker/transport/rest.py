@@ -1,0 +1,155 @@
+"""The REST API: record collections, publishing changes, health.
+
+Every write lands in the change log before it is acknowledged, so a ``2xx`` means the
+notification will be delivered to every subscriber (within the inbox retention).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+
+from broker.auth import Principal, Unauthorized, authenticate
+from broker.changes import Change, ChangeKind
+from broker.core import Broker
+from broker.errors import BackendUnavailable, NotFound
+from broker.resources.records import merge_patch
+from broker.uris import collection_uri, record_uri
+
+__all__ = ["build_router"]
+
+NAME_PATTERN = r"^[A-Za-z0-9_.~-]{1,128}$"
+Name = Annotated[str, Path(pattern=NAME_PATTERN)]
+_KINDS = {kind.value for kind in ChangeKind}
+
+
+class ORJSONResponse(Response):
+    """JSON encoded with orjson (FastAPI's own class of that name is deprecated)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def build_router(broker: Broker) -> APIRouter:
+    router = APIRouter()
+    settings = broker.settings
+
+    def principal(request: Request) -> Principal:
+        try:
+            return authenticate(settings, request.headers.get("authorization"))
+        except Unauthorized as exc:
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
+
+    Caller = Annotated[Principal, Depends(principal)]
+
+    async def json_body(request: Request, limit: int) -> Any:
+        body = await request.body()
+        if len(body) > limit:
+            raise HTTPException(413, f"body larger than {limit} bytes")
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
+
+    def dot_only(*names: str) -> None:
+        if any(name.strip(".") == "" for name in names):
+            raise HTTPException(422, "names may not consist of dots only")
+
+    @router.get("/healthz")
+    async def healthz() -> ORJSONResponse:
+        try:
+            await broker.backend.ping()
+        except BackendUnavailable:
+            return ORJSONResponse({"status": "unavailable"}, status_code=503)
+        hub = broker.hub
+        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens),
+                               "fanout": broker.fanout.processed if broker.fanout else None})
+
+    @router.get("/collections")
+    async def collections(caller: Caller) -> ORJSONResponse:
+        names = await broker.backend.list_collections(caller.tenant)
+        return ORJSONResponse({"collections": [{"name": n, "uri": collection_uri(caller.tenant, n)} for n in names]})
+
+    @router.get("/collections/{name}")
+    async def list_collection(caller: Caller, name: Name, after: str = "",
+                              limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ORJSONResponse:
+        ids = await broker.records.ids(caller.tenant, name, after, limit + 1)
+        page = ids[:limit]
+        body: dict[str, Any] = {
+            "collection": name,
+            "uri": collection_uri(caller.tenant, name),
+            "records": [{"id": rid, "uri": record_uri(caller.tenant, name, rid)} for rid in page],
+        }
+        if len(ids) > limit:
+            body["next"] = page[-1]
+        return ORJSONResponse(body)
+
+    @router.put("/collections/{name}/{record_id}")
+    async def put_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
+        dot_only(name, record_id)
+        value = await json_body(request, settings.max_record_bytes)
+        created = await broker.records.put(caller.tenant, name, record_id, value)
+        return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
+                              status_code=201 if created else 200)
+
+    @router.patch("/collections/{name}/{record_id}")
+    async def patch_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
+        patch = await json_body(request, settings.max_record_bytes)
+        try:
+            current = await broker.records.get(caller.tenant, name, record_id)
+        except NotFound as exc:
+            raise HTTPException(404, "record not found") from exc
+        value = merge_patch(current, patch)
+        if len(orjson.dumps(value)) > settings.max_record_bytes:
+            raise HTTPException(413, f"record larger than {settings.max_record_bytes} bytes")
+        await broker.records.put(caller.tenant, name, record_id, value)
+        return ORJSONResponse(value)
+
+    @router.get("/collections/{name}/{record_id}")
+    async def get_record(caller: Caller, name: Name, record_id: Name) -> Response:
+        data = await broker.backend.read_record(caller.tenant, name, record_id)
+        if data is None:
+            raise HTTPException(404, "record not found")
+        return Response(data, media_type="application/json")
+
+    @router.delete("/collections/{name}/{record_id}", status_code=204)
+    async def delete_record(caller: Caller, name: Name, record_id: Name) -> Response:
+        try:
+            await broker.records.delete(caller.tenant, name, record_id)
+        except NotFound as exc:
+            raise HTTPException(404, "record not found") from exc
+        return Response(status_code=204)
+
+    @router.post("/changes", status_code=202)
+    async def post_changes(request: Request, caller: Caller) -> ORJSONResponse:
+        """Publish changes for URIs whose data lives elsewhere: one object or a list of them."""
+        body = await json_body(request, settings.max_body_bytes)
+        items = body if isinstance(body, list) else [body]
+        if not items:
+            raise HTTPException(422, "no changes given")
+        changes = [_change(caller.tenant, item, broker) for item in items]
+        ids = [await broker.backend.publish(change) for change in changes]
+        return ORJSONResponse({"ids": ids}, status_code=202)
+
+    return router
+
+
+def _change(tenant: str, item: Any, broker: Broker) -> Change:
+    if not isinstance(item, dict):
+        raise HTTPException(422, "each change must be an object")
+    uri, kind, meta = item.get("uri"), item.get("kind", "updated"), item.get("meta")
+    if not isinstance(uri, str):
+        raise HTTPException(422, "uri must be a string")
+    try:
+        broker.methods.check_uri(uri)
+    except Exception as exc:  # RpcError: reworded for HTTP
+        raise HTTPException(422, f"invalid uri: {exc}") from exc
+    if kind not in _KINDS:
+        raise HTTPException(422, f"kind must be one of {sorted(_KINDS)}")
+    if meta is not None and not isinstance(meta, dict):
+        raise HTTPException(422, "meta must be an object")
+    return Change(tenant, uri, ChangeKind(kind), meta)

@@ -1,0 +1,1 @@
+"""Runnable processes beside the HTTP workers."""

@@ -1,0 +1,45 @@
+"""A fan-out process: consumers of the change log, without HTTP.
+
+Run it when HTTP workers should not spend CPU on fan-out (``MCP_BROKER_EMBEDDED_FANOUT=false``
+on them). Any number of these may run: the change log's consumer group gives each change to
+one consumer, and a crashed consumer's pending changes are claimed by the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from broker.backends import create_backend
+from broker.config import Settings
+from broker.fanout import Fanout
+
+__all__ = ["main", "run"]
+
+logger = logging.getLogger(__name__)
+
+
+async def run(consumers: int = 1, settings: Settings | None = None) -> None:
+    settings = settings or Settings()
+    backend = create_backend(settings)
+    await backend.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(Fanout(settings, backend).run()) for _ in range(consumers)]
+    logger.info("fan-out: %d consumer(s) running", consumers)
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await backend.close()
+
+
+def main(consumers: int = 1) -> int:
+    asyncio.run(run(consumers))
+    return 0
