@@ -460,7 +460,7 @@ class Client:
                 await asyncio.wait_for(proto.first_frame, 10)
         return proto
 
-    async def open_legacy(self, sessions: list[Session], *, wait_frame: bool = True) -> None:
+    async def open_legacy(self, sessions: list[Session], *, wait_frame: bool = False) -> None:
         async def one(s: Session) -> None:
             await self.open_session(s)
             await self.open_stream(s, self.get_request(s), wait_frame=wait_frame)

@@ -1,0 +1,35 @@
+# One obvious command per action. Every target creates .venv and installs what it needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint interop bench bench-smoke clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mcp-broker serve --demo
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+interop: $(STAMP)
+	./interop/run.sh
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run --full
+
+bench-smoke: $(STAMP)
+	$(BIN)/python -m bench.run --smoke
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
