@@ -2,9 +2,11 @@
 
 Every write lands in the change log before it is acknowledged, so a ``2xx`` means the
 notification will be delivered to every subscriber (within the inbox retention).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: FastAPI resolves string annotations against
+the module's globals, so the ``Caller`` alias built inside ``build_router`` (it closes over
+the settings) would not resolve and every route would ask for a ``caller`` query parameter.
+"""
 
 from typing import Annotated, Any
 
