@@ -66,9 +66,10 @@ def format_event_id(epoch: str, offset: int) -> str:
 def parse_event_id(value: str) -> tuple[str, int] | None:
     """``<epoch>-<offset>`` as issued by this broker; None for anything else."""
     epoch, sep, offset = value.strip().rpartition("-")
-    if not sep or not epoch or not epoch.isalnum() or len(epoch) > 32:
+    # isascii(): str.isdigit() also accepts digits such as "²" that int() then refuses.
+    if not sep or not epoch or not epoch.isascii() or not epoch.isalnum() or len(epoch) > 32:
         return None
-    if not offset.isdigit() or len(offset) > 19:
+    if not offset.isascii() or not offset.isdigit() or len(offset) > 19:
         return None
     return epoch, int(offset)
 
