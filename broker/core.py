@@ -70,8 +70,9 @@ class Broker:
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
         if self.settings.demo:
-            from broker.demo import run_demo
+            from broker.demo import demo_provider, run_demo
 
+            self.register(demo_provider())
             self._tasks.append(asyncio.create_task(run_demo(self), name="demo"))
         self.started = True
         RUNNING.add(self)

@@ -7,7 +7,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import orjson
+
 from broker.errors import BackendUnavailable
+from broker.resources.static import StaticProvider, StaticResource, Template
 from broker.uris import record_uri
 
 if TYPE_CHECKING:
@@ -17,6 +20,30 @@ logger = logging.getLogger(__name__)
 
 COLLECTION = "demo"
 RECORD = "clock"
+#: 1x1 transparent PNG.
+_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
+
+
+def demo_provider() -> StaticProvider:
+    """Example documents under ``test://``: a text, a binary, a watched resource and a template.
+
+    They are also the fixtures the MCP conformance suite reads (``make interop``).
+    """
+    return StaticProvider(
+        ("test://",),
+        [
+            StaticResource("test://static-text", "static-text", "text/plain",
+                           text="This is the content of a static text resource."),
+            StaticResource("test://static-binary", "static-binary", "image/png", blob=_PNG),
+            StaticResource("test://watched-resource", "watched-resource", "text/plain",
+                           text="Publish a change for this URI (POST /changes) to notify its subscribers."),
+        ],
+        [Template("test://template/{id}/data", "template-data", "application/json",
+                  lambda args: orjson.dumps({"id": args["id"], "templateTest": True}).decode())],
+    )
 
 
 async def run_demo(broker: Broker) -> None:
