@@ -42,6 +42,7 @@ import orjson
 import psutil
 
 perf = time.perf_counter
+RUN = os.urandom(3).hex()  # keeps URIs of different runs apart on a long-lived server
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
 UPDATED = "notifications/resources/updated"
@@ -171,12 +172,13 @@ def jsonrpc_body(hdrs: dict[str, str], data: bytes) -> Any:
 class Session:
     """Client-side state of one legacy session or one listen stream."""
 
-    __slots__ = ("idx", "sid", "uris", "maxseq", "seen", "count", "received", "dups", "stream", "last_id", "done_t")
+    __slots__ = ("idx", "sid", "uris", "uriset", "maxseq", "seen", "count", "received", "dups", "stream", "last_id", "done_t")
 
     def __init__(self, idx: int, uris: list[str]) -> None:
         self.idx = idx
         self.sid: str | None = None
         self.uris = uris
+        self.uriset = frozenset(uris)
         self.maxseq: dict[str, int] = {}
         self.seen: set[tuple[str, int]] = set()
         self.count: dict[str, int] = {}
@@ -196,6 +198,7 @@ class Recorder:
         self.delivered = 0
         self.dups = 0
         self.no_meta = 0
+        self.foreign = 0  # frames for a URI the session never subscribed to
         self.pub_ts: dict[tuple[str, int], float] = {}  # used only for listen frames without meta
         self.errors: list[str] = []
 
@@ -204,6 +207,9 @@ class Recorder:
             return
         p = msg["params"]
         uri = p["uri"]
+        if uri not in sess.uriset:
+            self.foreign += 1
+            return
         meta = p.get("_meta") or {}
         seq = meta.get("seq")
         if seq is None:
@@ -254,10 +260,10 @@ class SSEStream(asyncio.Protocol):
         transport.write(self.request)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.headers_ok.done():
-            self.headers_ok.set_exception(ConnectionError(f"closed before headers: {exc}"))
-        if not self.first_frame.done():
-            self.first_frame.set_exception(ConnectionError("closed before first frame"))
+        for fut in (self.headers_ok, self.first_frame):
+            if not fut.done():
+                fut.set_exception(ConnectionError(f"stream closed early: {exc}"))
+                fut.exception()  # mark retrieved: nobody may be waiting
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -696,7 +702,7 @@ async def drain(sessions: list[Session], pubmax: dict[str, int], timeout: float)
 
 def targets(n: int, fanout: int, prefix: str) -> tuple[list[Session], list[str]]:
     n_uris = max(1, n // fanout)
-    uris = [f"bench://{prefix}/{j}" for j in range(n_uris)]
+    uris = [f"bench://{prefix}{RUN}/{j}" for j in range(n_uris)]
     sessions = [Session(i, [uris[i % n_uris]]) for i in range(n)]
     return sessions, uris
 
@@ -825,7 +831,7 @@ async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | 
     """One session, ``--missed`` URIs; per try: drop the stream, publish one change per URI, reconnect."""
     rec = client.rec
     k = args.missed
-    sess = Session(0, [f"bench://rp/{j}" for j in range(k)])
+    sess = Session(0, [f"bench://rp{RUN}/{j}" for j in range(k)])
     await client.open_legacy([sess])
     pub = Publisher(client, batch=True)
     # one delivered change so Last-Event-ID names a real notification
@@ -881,7 +887,7 @@ async def sc_storm(args: argparse.Namespace, client: Client, server: ProcSet | N
     """``--sessions`` sessions x ``--missed`` URIs each; drop all, publish, reconnect all at once."""
     rec = client.rec
     k = args.missed
-    sessions = [Session(i, [f"bench://st/{i}/{j}" for j in range(k)]) for i in range(args.sessions)]
+    sessions = [Session(i, [f"bench://st{RUN}/{i}/{j}" for j in range(k)]) for i in range(args.sessions)]
     await client.open_legacy(sessions)
     pub = Publisher(client, batch=True)
     first = [pub.change(s.uris[0], perf()) for s in sessions]
@@ -962,6 +968,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         client.close()
     res["scenario"] = args.scenario
+    res["foreign_frames"] = client.rec.foreign
     res["errors"] = client.rec.errors[:5]
     res["error_count"] = len(client.rec.errors)
     res["nofile"] = nofile

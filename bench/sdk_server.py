@@ -50,7 +50,15 @@ class _Entry:
 
 
 class InMemoryEventStore(EventStore):
-    """The SDK example's in-memory event store: a bounded deque per stream plus an id index."""
+    """The SDK example's in-memory event store: a bounded deque per stream plus an id index.
+
+    Note: the SDK keys every session's standalone GET stream as ``"_GET_stream"``
+    and the session manager shares one store between sessions, so all legacy
+    notifications land in one deque.  A replay after an event id therefore also
+    returns later events of other sessions ("foreign" frames, which the client
+    filters by URI), and the cap is shared by all sessions, hence the large
+    default here.
+    """
 
     def __init__(self, max_events_per_stream: int = 1000) -> None:
         self.max_events_per_stream = max_events_per_stream
@@ -74,7 +82,8 @@ class InMemoryEventStore(EventStore):
         if entry is None:
             return None
         found = False
-        for e in self.streams.get(entry.stream_id, ()):
+        # a snapshot: other sessions append to the same stream while this replay awaits
+        for e in list(self.streams.get(entry.stream_id, ())):
             if found:
                 if e.message is not None:
                     await send_callback(EventMessage(e.message, e.event_id))
@@ -83,7 +92,7 @@ class InMemoryEventStore(EventStore):
         return entry.stream_id
 
 
-def build_app(*, max_events_per_stream: int = 1000) -> Any:
+def build_app(*, max_events_per_stream: int = 100_000) -> Any:
     subscribers: dict[str, set[ServerSession]] = {}
     bus = InMemorySubscriptionBus()
     listen = ListenHandler(bus, max_subscriptions=100_000, max_buffered_events=1024)
@@ -147,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
-    ap.add_argument("--max-events-per-stream", type=int, default=1000)
+    ap.add_argument("--max-events-per-stream", type=int, default=100_000)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     uvicorn.run(
