@@ -1,0 +1,423 @@
+"""The guarantees of ``broker.backends.base`` hold for every backend.
+
+Written against the ``backend`` fixture (and ``make_backend`` for other settings) only, so a
+new implementation joins by being added to ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from broker.backends.base import Backend, Frame, SessionRecord, Wake
+from broker.changes import Change, ChangeKind
+from broker.config import Settings
+from tests.contract.conftest import BACKENDS, make_backend
+
+TIMEOUT = 5.0
+
+
+def new_session(backend: Backend, tenant: str = "t1", principal: str = "t1/alice") -> SessionRecord:
+    return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=principal,
+                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time(),
+                         client_info={"name": "test", "version": "1"}, client_capabilities={"roots": {}})
+
+
+async def open_session(backend: Backend, tenant: str = "t1") -> str:
+    record = new_session(backend, tenant)
+    await backend.create_session(record)
+    return record.id
+
+
+def frame(n: int) -> Frame:
+    return Frame(f"u:x:{n}", b'{"n":%d}' % n)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = TIMEOUT) -> None:
+    """Wait for a condition that depends on the clock (expiry, idle time), with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture(params=BACKENDS)
+async def short_ttl_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """A backend whose sessions expire after a quarter of a second without a touch."""
+    settings = Settings(_env_file=None, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
+                        inbox_maxlen=50, session_ttl=0.25)
+    impl = await make_backend(request.param, settings, request)
+    await impl.start()
+    yield impl
+    await impl.close()
+
+
+# -- sessions ----------------------------------------------------------------------------------
+
+
+async def test_a_created_session_reads_back_with_every_field(backend: Backend) -> None:
+    record = new_session(backend)
+    await backend.create_session(record)
+    assert await backend.get_session(record.id) == record
+    assert await backend.get_session("no-such-session") is None
+
+
+async def test_updating_a_session_changes_only_the_named_fields(backend: Backend) -> None:
+    record = new_session(backend)
+    await backend.create_session(record)
+    await backend.update_session(record.id, initialized=True)
+    stored = await backend.get_session(record.id)
+    assert stored is not None and stored.initialized
+    assert stored.principal == record.principal and stored.client_info == record.client_info
+
+
+async def test_a_session_read_is_a_snapshot_not_a_live_view(backend: Backend) -> None:
+    record = new_session(backend)
+    await backend.create_session(record)
+    snapshot = await backend.get_session(record.id)
+    assert snapshot is not None
+    snapshot.initialized = True
+    stored = await backend.get_session(record.id)
+    assert stored is not None and not stored.initialized
+
+
+async def test_deleting_a_session_removes_its_subscriptions_index_entries_and_inbox(backend: Backend) -> None:
+    sid, other = await open_session(backend), await open_session(backend)
+    for session in (sid, other):
+        await backend.add_subscription(session, "t1", "x:a")
+    await backend.append_frames([(sid, frame(1))])
+    assert await backend.count_sessions() == 2
+
+    assert await backend.delete_session(sid) is True
+
+    assert await backend.get_session(sid) is None
+    assert await backend.get_subscriptions(sid) == set()
+    assert await backend.subscribers("t1", ["x:a"]) == {"x:a": [other]}
+    assert sid not in await backend.tenant_sessions("t1")
+    assert await backend.append_frames([(sid, frame(2)), (other, frame(2))]) == [sid]
+    assert await backend.count_sessions() == 1
+    assert await backend.delete_session(sid) is False
+
+
+async def test_sessions_are_listed_by_tenant(backend: Backend) -> None:
+    a, b = await open_session(backend, "t1"), await open_session(backend, "t1")
+    c = await open_session(backend, "t2")
+    assert sorted(await backend.tenant_sessions("t1")) == sorted([a, b])
+    assert await backend.tenant_sessions("t2") == [c]
+    assert await backend.tenant_sessions("t3") == []
+
+
+async def test_an_idle_session_expires_with_its_subscriptions_and_inbox(short_ttl_backend: Backend) -> None:
+    backend = short_ttl_backend
+    sid = await open_session(backend)
+    await backend.add_subscription(sid, "t1", "x:a")
+
+    async def gone() -> bool:
+        await backend.expire_sessions()
+        return await backend.get_session(sid) is None
+
+    await eventually(gone, "the idle session to expire")
+    assert await backend.get_subscriptions(sid) == set()
+    assert await backend.subscribers("t1", ["x:a"]) == {}
+    assert await backend.append_frames([(sid, frame(1))]) == [sid]
+
+
+async def test_touching_a_session_keeps_it_alive_while_an_untouched_one_expires(short_ttl_backend: Backend) -> None:
+    backend = short_ttl_backend
+    kept, idle = await open_session(backend), await open_session(backend)
+
+    async def idle_gone() -> bool:
+        await backend.touch_sessions([kept, "no-such-session"])
+        await backend.expire_sessions()
+        return await backend.get_session(idle) is None
+
+    await eventually(idle_gone, "the untouched session to expire")
+    assert await backend.get_session(kept) is not None
+
+
+# -- subscriptions -------------------------------------------------------------------------------
+
+
+async def test_subscribing_updates_the_session_and_the_index_and_is_idempotent(backend: Backend) -> None:
+    sid = await open_session(backend)
+    assert await backend.add_subscription(sid, "t1", "x:a") == 1
+    assert await backend.add_subscription(sid, "t1", "x:a") == 1
+    assert await backend.add_subscription(sid, "t1", "x:b") == 2
+    assert await backend.get_subscriptions(sid) == {"x:a", "x:b"}
+    assert await backend.subscribers("t1", ["x:a", "x:b", "x:c"]) == {"x:a": [sid], "x:b": [sid]}
+
+
+async def test_unsubscribing_updates_both_and_is_idempotent(backend: Backend) -> None:
+    sid = await open_session(backend)
+    await backend.add_subscription(sid, "t1", "x:a")
+    await backend.add_subscription(sid, "t1", "x:b")
+    await backend.remove_subscription(sid, "t1", "x:a")
+    await backend.remove_subscription(sid, "t1", "x:a")
+    await backend.remove_subscription(sid, "t1", "x:never")
+    assert await backend.get_subscriptions(sid) == {"x:b"}
+    assert await backend.subscribers("t1", ["x:a"]) == {}
+
+
+async def test_the_index_is_per_tenant_and_lists_every_subscriber(backend: Backend) -> None:
+    a, b = await open_session(backend, "t1"), await open_session(backend, "t1")
+    c = await open_session(backend, "t2")
+    for sid, tenant in ((a, "t1"), (b, "t1"), (c, "t2")):
+        await backend.add_subscription(sid, tenant, "x:a")
+    found = await backend.subscribers("t1", ["x:a"])
+    assert sorted(found["x:a"]) == sorted([a, b])
+    assert await backend.subscribers("t2", ["x:a"]) == {"x:a": [c]}
+
+
+# -- inboxes -------------------------------------------------------------------------------------
+
+
+async def test_inbox_offsets_increase_and_reads_return_what_follows_the_cursor(backend: Backend) -> None:
+    sid = await open_session(backend)
+    empty = await backend.read_inbox(sid, backend.epoch, 0, 10)
+    assert (empty.frames, empty.gap, empty.head) == ([], False, 0)
+
+    assert await backend.append_frames([(sid, frame(n)) for n in range(1, 6)]) == []
+    read = await backend.read_inbox(sid, backend.epoch, 0, 100)
+    offsets = [off for off, _ in read.frames]
+    assert offsets == sorted(set(offsets)) and len(offsets) == 5
+    assert [f for _, f in read.frames] == [frame(n) for n in range(1, 6)]
+    assert not read.gap and read.head == offsets[-1] and read.epoch == backend.epoch
+
+    after_second = await backend.read_inbox(sid, backend.epoch, offsets[1], 100)
+    assert after_second.frames == read.frames[2:]
+    limited = await backend.read_inbox(sid, backend.epoch, offsets[0], 2)
+    assert limited.frames == read.frames[1:3]
+    at_head = await backend.read_inbox(sid, backend.epoch, read.head, 100)
+    assert (at_head.frames, at_head.gap) == ([], False)
+
+
+async def test_inboxes_of_different_sessions_are_independent(backend: Backend) -> None:
+    a, b = await open_session(backend), await open_session(backend)
+    await backend.append_frames([(a, frame(1)), (b, frame(2)), (a, frame(3))])
+    assert [f for _, f in (await backend.read_inbox(a, backend.epoch, 0, 10)).frames] == [frame(1), frame(3)]
+    assert [f for _, f in (await backend.read_inbox(b, backend.epoch, 0, 10)).frames] == [frame(2)]
+
+
+async def test_a_cursor_from_another_epoch_is_a_gap(backend: Backend) -> None:
+    sid = await open_session(backend)
+    await backend.append_frames([(sid, frame(1))])
+    read = await backend.read_inbox(sid, "0ther3poch", 0, 10)
+    assert read.gap and read.frames == []
+    assert read.epoch == backend.epoch and read.head >= 1
+
+
+async def test_a_cursor_beyond_the_newest_frame_is_a_gap(backend: Backend) -> None:
+    sid = await open_session(backend)
+    await backend.append_frames([(sid, frame(1))])
+    head = (await backend.read_inbox(sid, backend.epoch, 0, 10)).head
+    read = await backend.read_inbox(sid, backend.epoch, head + 5, 10)
+    assert read.gap and read.frames == [] and read.head == head
+
+
+async def test_a_cursor_older_than_what_is_retained_is_a_gap_and_the_rest_is_kept(backend: Backend) -> None:
+    """The fixture keeps 50 frames per inbox."""
+    sid = await open_session(backend)
+    await backend.append_frames([(sid, frame(n)) for n in range(1, 11)])
+    first_ten = [off for off, _ in (await backend.read_inbox(sid, backend.epoch, 0, 100)).frames]
+    await backend.append_frames([(sid, frame(n)) for n in range(11, 61)])  # pushes frames 1-10 out
+
+    trimmed = await backend.read_inbox(sid, backend.epoch, first_ten[8], 100)  # frame 10 is lost
+    assert trimmed.gap and trimmed.frames == []
+    assert (await backend.read_inbox(sid, backend.epoch, 0, 100)).gap
+
+    kept = await backend.read_inbox(sid, backend.epoch, first_ten[9], 100)  # frame 11 onwards is kept
+    assert not kept.gap
+    assert [f for _, f in kept.frames] == [frame(n) for n in range(11, 61)]
+    assert trimmed.head == kept.head == kept.frames[-1][0]
+
+    resumed = await backend.read_inbox(sid, backend.epoch, trimmed.head, 100)
+    assert (resumed.frames, resumed.gap) == ([], False)
+
+
+# -- wake-ups ------------------------------------------------------------------------------------
+
+
+async def next_wake(queue: asyncio.Queue[Wake]) -> Wake:
+    return await asyncio.wait_for(queue.get(), TIMEOUT)
+
+
+async def test_a_watcher_is_woken_with_the_offset_of_each_new_frame(backend: Backend) -> None:
+    sid = await open_session(backend)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, wakes.put_nowait)
+    await backend.append_frames([(sid, frame(1))])
+    wake = await next_wake(wakes)
+    head = (await backend.read_inbox(sid, backend.epoch, 0, 0)).head
+    assert (wake.kind, wake.offset) == ("frames", head)
+    assert wake.frame in (None, frame(1))
+    await unwatch()
+
+
+async def test_a_watch_taken_before_reading_never_misses_a_frame(backend: Backend) -> None:
+    """The replay -> live handoff: every frame after the watch is in the read or in a wake-up."""
+    sid = await open_session(backend)
+    await backend.append_frames([(sid, frame(n)) for n in range(1, 4)])
+    woken: set[int] = set()
+    changed = asyncio.Event()
+
+    def on_wake(wake: Wake) -> None:
+        if wake.kind == "frames":
+            woken.add(wake.offset)
+            changed.set()
+
+    unwatch = await backend.watch(sid, on_wake)
+    await backend.append_frames([(sid, frame(4))])  # between the watch and the read
+    read = await backend.read_inbox(sid, backend.epoch, 0, 100)
+    await backend.append_frames([(sid, frame(5)), (sid, frame(6))])  # after the read
+    head = (await backend.read_inbox(sid, backend.epoch, 0, 0)).head
+    seen = {off for off, _ in read.frames}
+    while max(seen | woken) < head:
+        changed.clear()
+        await asyncio.wait_for(changed.wait(), TIMEOUT)
+    everything = {off for off, _ in (await backend.read_inbox(sid, backend.epoch, 0, 100)).frames}
+    assert seen | woken == everything
+    assert {head - 1, head} <= woken
+    await unwatch()
+
+
+async def test_an_ended_watch_is_no_longer_woken(backend: Backend) -> None:
+    sid = await open_session(backend)
+    stopped: asyncio.Queue[Wake] = asyncio.Queue()
+    still: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, stopped.put_nowait)
+    unwatch_still = await backend.watch(sid, still.put_nowait)
+    await unwatch()
+    await backend.append_frames([(sid, frame(1))])
+    await next_wake(still)
+    assert stopped.empty()
+    await unwatch_still()
+
+
+async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: Backend) -> None:
+    sid = await open_session(backend)
+    assert await backend.claim_stream(sid, "first") is False
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, wakes.put_nowait)
+    assert await backend.claim_stream(sid, "second") is True
+    wake = await next_wake(wakes)
+    assert (wake.kind, wake.owner) == ("takeover", "second")
+    await unwatch()
+
+
+# -- change log ----------------------------------------------------------------------------------
+
+
+async def test_a_published_change_is_read_back_intact(backend: Backend) -> None:
+    change = Change("t1", "x:a", ChangeKind.CREATED, {"etag": "v2"})
+    change_id = await backend.publish(change)
+    assert isinstance(change_id, str) and change_id
+    assert await backend.read_changes("c1", 10, 100) == [(change_id, change)]
+
+
+async def test_each_change_goes_to_exactly_one_consumer_in_order(backend: Backend) -> None:
+    changes = [Change("t1", f"x:{n}") for n in range(10)]
+    ids = [await backend.publish(change) for change in changes]
+    first = await backend.read_changes("c1", 4, 100)
+    second = await backend.read_changes("c2", 100, 100)
+    assert first + second == list(zip(ids, changes, strict=True))
+    assert await backend.read_changes("c3", 100, 50) == []
+
+
+async def test_a_blocked_read_returns_as_soon_as_a_change_is_published(backend: Backend) -> None:
+    reader = asyncio.create_task(backend.read_changes("c1", 10, 10_000))
+    await asyncio.sleep(0)  # let the read block before publishing
+    change_id = await backend.publish(Change("t1", "x:a"))
+    assert await asyncio.wait_for(reader, TIMEOUT) == [(change_id, Change("t1", "x:a"))]
+
+
+async def test_an_unacknowledged_change_is_claimed_by_another_consumer_once_stale(backend: Backend) -> None:
+    change_id = await backend.publish(Change("t1", "x:a"))
+    taken = await backend.read_changes("dead", 10, 100)
+    assert [cid for cid, _ in taken] == [change_id]
+    assert await backend.claim_changes("alive", 60_000, 10) == []  # not stale yet
+
+    claimed: list[tuple[str, Change]] = []
+
+    async def stale() -> bool:
+        claimed.extend(await backend.claim_changes("alive", 50, 10))
+        return bool(claimed)
+
+    await eventually(stale, "the pending change to become claimable")
+    assert claimed == [(change_id, Change("t1", "x:a"))]
+    await backend.ack_changes([change_id])
+    assert await backend.claim_changes("other", 0, 10) == []
+
+
+async def test_an_acknowledged_change_is_never_claimed(backend: Backend) -> None:
+    await backend.publish(Change("t1", "x:a"))
+    taken = await backend.read_changes("c1", 10, 100)
+    await backend.ack_changes([cid for cid, _ in taken])
+    assert await backend.claim_changes("c2", 0, 10) == []
+
+
+# -- broadcast -----------------------------------------------------------------------------------
+
+
+async def test_broadcast_changes_reach_every_handler_until_it_is_removed(backend: Backend) -> None:
+    first: asyncio.Queue[Change] = asyncio.Queue()
+    second: asyncio.Queue[Change] = asyncio.Queue()
+    remove_first = await backend.on_broadcast(first.put_nowait)
+    remove_second = await backend.on_broadcast(second.put_nowait)
+    changes = [Change("t1", "x:a"), Change("t2", "x:b", ChangeKind.DELETED)]
+    await backend.broadcast(changes)
+    for queue in (first, second):
+        assert [await asyncio.wait_for(queue.get(), TIMEOUT) for _ in changes] == changes
+
+    await remove_first()
+    await backend.broadcast([Change("t1", "x:c")])
+    assert await asyncio.wait_for(second.get(), TIMEOUT) == Change("t1", "x:c")
+    assert first.empty()
+    await remove_second()
+
+
+# -- records -------------------------------------------------------------------------------------
+
+
+async def test_writing_a_record_stores_it_and_publishes_its_change(backend: Backend) -> None:
+    created = Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED)
+    updated = Change("t1", "mcpb://t1/P/1", ChangeKind.UPDATED)
+    assert await backend.write_record("t1", "P", "1", b'{"v":1}', created) is True
+    assert await backend.write_record("t1", "P", "1", b'{"v":2}', updated) is False
+    assert await backend.read_record("t1", "P", "1") == b'{"v":2}'
+    assert await backend.read_record("t2", "P", "1") is None
+    assert [change for _, change in await backend.read_changes("c1", 10, 100)] == [created, updated]
+
+
+async def test_deleting_a_record_publishes_only_when_it_existed(backend: Backend) -> None:
+    await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED))
+    deleted = Change("t1", "mcpb://t1/P/1", ChangeKind.DELETED)
+    assert await backend.delete_record("t1", "P", "1", deleted) is True
+    assert await backend.delete_record("t1", "P", "1", deleted) is False
+    assert await backend.read_record("t1", "P", "1") is None
+    assert [change.kind for _, change in await backend.read_changes("c1", 10, 100)] == [
+        ChangeKind.CREATED, ChangeKind.DELETED]
+
+
+async def test_records_list_in_order_and_page_after_an_id(backend: Backend) -> None:
+    for rid in ["b", "a", "d", "c"]:
+        await backend.write_record("t1", "P", rid, b"{}", Change("t1", f"mcpb://t1/P/{rid}"))
+    await backend.write_record("t1", "Q", "z", b"{}", Change("t1", "mcpb://t1/Q/z"))
+    await backend.write_record("t2", "R", "y", b"{}", Change("t2", "mcpb://t2/R/y"))
+    assert await backend.list_records("t1", "P", "", 100) == ["a", "b", "c", "d"]
+    assert await backend.list_records("t1", "P", "a", 2) == ["b", "c"]
+    assert await backend.list_records("t1", "P", "d", 10) == []
+    assert await backend.list_records("t1", "none", "", 10) == []
+    assert await backend.list_collections("t1") == ["P", "Q"]
+    assert await backend.list_collections("t2") == ["R"]
+
+
+async def test_a_collection_whose_last_record_is_deleted_is_no_longer_listed(backend: Backend) -> None:
+    await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
+    await backend.delete_record("t1", "P", "1", Change("t1", "mcpb://t1/P/1", ChangeKind.DELETED))
+    assert await backend.list_collections("t1") == []
+    assert await backend.list_records("t1", "P", "", 10) == []
