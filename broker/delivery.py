@@ -217,7 +217,14 @@ class LegacyStream(_Stream):
 
 
 class Listen(_Stream):
-    """One ``subscriptions/listen`` stream (2026-07-28)."""
+    """One ``subscriptions/listen`` stream (2026-07-28).
+
+    The transport registers the listen with ``Hub.add_listen`` as soon as its checks pass, in
+    the same step as the capacity check, so concurrent requests cannot overshoot the limit;
+    ``run`` sends the ack before anything that was pushed in between. It ends on ``end``:
+    ``"shutdown"`` sends the ``complete`` result, any other reason (the client closed the
+    stream, or cancelled it on stdio) sends nothing more.
+    """
 
     def __init__(self, hub: Hub, request_id: str | int, tenant: str, uris: list[str], list_changed: bool,
                  writer: Writer) -> None:
@@ -249,6 +256,9 @@ class Listen(_Stream):
                 if self.pending:
                     pending, self.pending = self.pending, {}
                     for data in pending.values():
+                        # A cancel may land while a send waits on a slow client: nothing more after it.
+                        if self.ended is not None:
+                            break
                         await self.writer.send(data)
                 else:
                     await self._wait()

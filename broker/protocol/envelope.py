@@ -2,6 +2,20 @@
 
 Pure functions over a parsed message and a header lookup; the HTTP transport calls them and
 stdio calls the ``_meta`` part (stdio has no headers).
+
+Order of the checks, so that each request gets the most precise error: the ``_meta`` fields
+first (-32602, then -32022 for a version the broker does not speak), then the headers against
+the body (-32020). A header naming a version the broker does not speak while the body names
+one it does is a mismatch, not an unsupported version.
+
+-32021 (MissingRequiredClientCapability) is never emitted, by decision: every method the
+broker serves (``server/discover``, ``resources/*``, ``subscriptions/listen``) works for a
+client that declares no capabilities at all. The broker never asks the client for sampling,
+elicitation or roots (it returns no ``InputRequiredResult``), and a listen filter needs no
+client capability either. ``clientCapabilities`` is still required to be an object, as the
+specification says, and is otherwise ignored. A future method that needs one must raise
+``RpcError(MISSING_CLIENT_CAPABILITY, ..., {"requiredCapabilities": {...}}, status=400)``
+from here, checked against *this* request's capabilities only.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ Legacy choices the specification leaves open:
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -93,7 +94,10 @@ class McpEndpoint:
         return rules
 
     def origin_allowed(self, origin: str | None) -> bool:
-        """Requests without ``Origin`` are not from a browser; an allowed origin matches any port unless it names one."""
+        """Requests without ``Origin`` are not from a browser.
+
+        An allowed origin matches any port unless it names one.
+        """
         if origin is None:
             return True
         try:
@@ -107,7 +111,7 @@ class McpEndpoint:
             (parts.scheme, parts.hostname, None) in self._origins
         )
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response | SSEResponse:
         if not self.origin_allowed(request.headers.get("origin")):
             return http_error(403, rpc.INVALID_REQUEST, "Forbidden: Origin not allowed")
         try:
@@ -142,7 +146,7 @@ class McpEndpoint:
 
     # -- POST -------------------------------------------------------------------------------
     async def post(self, request: Request, principal: Principal, version_header: str | None,
-                   modern_header: bool) -> Response:
+                   modern_header: bool) -> Response | SSEResponse:
         accept = request.headers.get("accept", "")
         if not (_accepts(accept, JSON) and _accepts(accept, "text/event-stream")):
             return http_error(406, rpc.INVALID_REQUEST,
@@ -190,7 +194,8 @@ class McpEndpoint:
             return session
         if session.protocol_version not in BATCH_VERSIONS:
             return error_response(rpc.RpcError(
-                rpc.INVALID_REQUEST, f"Invalid Request: batches are not part of {session.protocol_version}", status=400))
+                rpc.INVALID_REQUEST, f"Invalid Request: batches are not part of {session.protocol_version}",
+                status=400))
         replies: list[bytes] = []
         call = Call(principal, False, session)
         for item in items:
@@ -230,7 +235,8 @@ class McpEndpoint:
         if not sid:
             return http_error(400, rpc.INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required")
         if version_header is not None and version_header not in LEGACY_VERSIONS:
-            return http_error(400, rpc.INVALID_REQUEST, f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
+            return http_error(400, rpc.INVALID_REQUEST,
+                              f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
         try:
             return await self.broker.sessions.load(sid, principal)
         except SessionNotFound:
@@ -317,14 +323,35 @@ class McpEndpoint:
         if self.broker.hub.closing:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Shutting down; retry on another worker", status=503)
         uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
+        hub = self.broker.hub
         self.methods.check_listen_capacity()
-        listen = Listen(self.broker.hub, msg.id, call.principal.tenant, uris, list_changed, _PendingWriter())
+        listen = Listen(hub, msg.id, call.principal.tenant, uris, list_changed, _PendingWriter())
+        # Registered in the same step as the capacity check (no await between them), so
+        # concurrent listens cannot overshoot the limit; changes pushed before the stream
+        # starts wait in the listen and follow the ack.
+        hub.add_listen(listen)
 
         async def run(writer: SSEWriter) -> None:
             listen.writer = writer
             await listen.run(ack)
 
-        return SSEResponse(run, lambda: listen.end("disconnect"), retry_ms=self.settings.retry_ms)
+        return _ListenResponse(run, lambda: listen.end("disconnect"), lambda: hub.remove_listen(listen),
+                               retry_ms=self.settings.retry_ms)
+
+
+class _ListenResponse(SSEResponse):
+    """An SSE response that releases its listen however it ends, even if the stream never started."""
+
+    def __init__(self, run: Callable[[SSEWriter], Awaitable[Any]], on_disconnect: Callable[[], None],
+                 release: Callable[[], None], *, retry_ms: int) -> None:
+        super().__init__(run, on_disconnect, retry_ms=retry_ms)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 class _PendingWriter:
