@@ -154,7 +154,8 @@ class LegacyStream(_Stream):
         self.hub.legacy[self] = None
         try:
             had_stream = await backend.claim_stream(sid, self.token)
-            if self._from_head and had_stream:
+            # A resync stands for everything up to the head: what is older is not replayed as well.
+            if self._resync_first or (self._from_head and had_stream):
                 self.cursor = (await backend.read_inbox(sid, self.session.epoch, 0, 0)).head
             if self._priming:
                 await self.writer.prime(format_event_id(self.session.epoch, self.cursor))
@@ -200,11 +201,20 @@ class LegacyStream(_Stream):
         self._expect = self.cursor + 1
 
     async def _resync(self) -> None:
-        """The gap rule: tell the client to re-read everything it watches, through the inbox."""
+        """The gap rule: tell the client to re-read everything it watches; the cursor is at the head.
+
+        The frames go straight to the stream, not through the inbox: a session with more
+        subscriptions than ``inbox_maxlen`` would otherwise trim its own resync and gap again,
+        forever. Only the last frame carries an id (the head): a client cut off halfway resumes
+        from its old cursor and is resynchronised once more, which is safe for level triggers.
+        """
         self._resync_first = False
         frames = await self.hub.resync_frames(self.session)
-        await self.hub.backend.append_frames([(self.session.id, f) for f in frames])
-        self._dirty = True
+        head_id = format_event_id(self.session.epoch, self.cursor)
+        for i, frame in enumerate(frames):
+            if self.ended is not None:
+                return
+            await self.writer.send(frame.data, head_id if i == len(frames) - 1 else None)
 
     async def _send(self, frames: list[tuple[int, Frame]]) -> None:
         epoch = self.session.epoch

@@ -69,6 +69,8 @@ class BrokerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()  # an unclosed pipe is a ResourceWarning, an error under filterwarnings
 
     def __enter__(self) -> BrokerProcess:
         return self
