@@ -36,7 +36,13 @@ from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_headers, check_meta, has_modern_meta
 from broker.protocol.jsonrpc import Message
-from broker.protocol.versions import BATCH_VERSIONS, DEFAULT_LEGACY, LEGACY_VERSIONS, PRIMING_VERSIONS
+from broker.protocol.versions import (
+    BATCH_VERSIONS,
+    DEFAULT_LEGACY,
+    LEGACY_VERSIONS,
+    MODERN_VERSIONS,
+    PRIMING_VERSIONS,
+)
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -123,6 +129,10 @@ class McpEndpoint:
         method = request.method
         if method == "POST":
             return await self.post(request, principal, version_header, modern_header)
+        if method in ("GET", "DELETE") and modern_header and version_header not in MODERN_VERSIONS:
+            # A version nobody speaks is a bad request (DIGEST §3.1), not a modern GET (405).
+            return http_error(400, rpc.INVALID_REQUEST,
+                              f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
         if method in ("GET", "DELETE") and not modern_header:
             if method == "GET":
                 return await self.get(request, principal, version_header)
