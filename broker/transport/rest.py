@@ -100,6 +100,7 @@ def build_router(broker: Broker) -> APIRouter:
 
     @router.patch("/collections/{name}/{record_id}")
     async def patch_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
+        dot_only(name, record_id)
         patch = await json_body(request, settings.max_record_bytes)
         try:
             current = await broker.records.get(caller.tenant, name, record_id)
@@ -113,6 +114,7 @@ def build_router(broker: Broker) -> APIRouter:
 
     @router.get("/collections/{name}/{record_id}")
     async def get_record(caller: Caller, name: Name, record_id: Name) -> Response:
+        dot_only(name, record_id)
         data = await broker.backend.read_record(caller.tenant, name, record_id)
         if data is None:
             raise HTTPException(404, "record not found")
@@ -120,6 +122,7 @@ def build_router(broker: Broker) -> APIRouter:
 
     @router.delete("/collections/{name}/{record_id}", status_code=204)
     async def delete_record(caller: Caller, name: Name, record_id: Name) -> Response:
+        dot_only(name, record_id)
         try:
             await broker.records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
