@@ -20,6 +20,16 @@ class Settings(BaseSettings):
     #: ``redis+sentinel://`` or ``redis+cluster://``: the distributed Redis backend.
     redis_url: str = ""
     redis_prefix: str = "mcpb"
+    #: Seconds before a Redis command without a reply counts as a failure (503); blocking reads
+    #: block for less than this.
+    redis_socket_timeout: float = 5.0
+    redis_connect_timeout: float = 2.0
+    #: Connections per worker process in the command pool (the pub/sub connection is extra).
+    redis_max_connections: int = 100
+    #: Seconds of silence after which a pooled connection is checked with PING before use.
+    redis_health_check_interval: int = 15
+    #: Retries of a command that failed on the connection, with a short backoff.
+    redis_retries: int = 1
     #: Origins allowed to call /mcp (DNS-rebinding protection). Requests without Origin pass.
     allowed_origins: list[str] = Field(
         default_factory=lambda: [
@@ -50,6 +60,9 @@ class Settings(BaseSettings):
 
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = 1800.0
+    #: Seconds a session's subscription set outlives its expired record, so the expiry sweep
+    #: can still remove it from the index (Redis backend).
+    session_index_grace: float = 600.0
     inbox_maxlen: int = 1000
     inbox_retention: float = 3600.0
     #: Frames read from an inbox in one go; a slow client's batch coalesces per URI.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+import warnings
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -11,13 +13,36 @@ from broker.backends.base import Backend
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
 
-#: Implementations under contract. The Redis backend joins as "fakeredis" and "redis".
-BACKENDS = ["memory"]
+#: Implementations under contract: the reference, the Redis backend on fakeredis (in process,
+#: Lua through lupa) and on a real ``redis-server`` started for the test session.
+BACKENDS = ["memory", "fakeredis", "redis"]
+
+
+def fakeredis_factory() -> Callable[[], Any]:
+    """Clients of one private in-process fake server (each call: a new client of the same server)."""
+    import fakeredis
+
+    server = fakeredis.FakeServer()
+
+    def client() -> Any:
+        with warnings.catch_warnings():
+            # fakeredis passes redis-py a deprecated argument (retry_on_timeout) itself.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return fakeredis.FakeAsyncRedis(server=server)
+
+    return client
 
 
 async def make_backend(name: str, settings: Settings, request: pytest.FixtureRequest) -> Backend:
     if name == "memory":
         return MemoryBackend(settings)
+    from broker.backends.redis import RedisBackend
+
+    if name == "fakeredis":
+        return RedisBackend(settings, client_factory=fakeredis_factory())
+    if name == "redis":
+        server = request.getfixturevalue("redis_server")
+        return RedisBackend(settings.model_copy(update={"redis_url": server.url}))
     raise ValueError(name)
 
 

@@ -1,0 +1,480 @@
+"""The Redis backend: sessions, subscriptions, inboxes, wake-ups, change log and records.
+
+Guarantees are those of ``broker.backends.base``; how they are kept on Redis:
+
+Offsets and gap detection
+    A session's ``head`` (a field of its hash) counts every frame ever appended; frame *n* is
+    stored as stream entry ``<n>-0``, so an offset is the millisecond part of its entry id and
+    offsets are contiguous. A cursor ``after`` is honoured iff the session's epoch matches,
+    ``after <= head``, ``after >= head - inbox_maxlen`` and (when ``after < head``) entry
+    ``after + 1`` is still stored and younger than ``inbox_retention``. Since nothing but
+    trimming removes entries, that test is exact, on every server and on fakeredis (no need
+    for ``XINFO STREAM`` max-deleted-entry-id). ``MAXLEN ~`` trims whole stream nodes lazily;
+    the logical bound above makes retention exact anyway; time-based trimming happens in the
+    append script, a bounded number of entries per call.
+
+Atomic append and wake-up
+    ``inbox_append.lua`` increments ``head``, XADDs every frame and publishes one wake-up that
+    carries the offsets and the frames, in one script per session. A watcher whose (S)SUBSCRIBE
+    Redis confirmed before it read the inbox therefore sees every later frame, in the read or
+    in a wake-up.
+
+Wake-ups
+    SPUBLISH/SSUBSCRIBE on ``P:{s:<sid>}:wake`` when the server has sharded pub/sub (Redis 7,
+    and fakeredis), PUBLISH/SUBSCRIBE otherwise; one pub/sub connection per process
+    (``wakes.WakeBus``). After a reconnect every watched stream gets a frames wake without a
+    frame and re-reads its inbox.
+
+Epoch
+    ``P:epoch`` is created with a random value when missing. A Redis that lost its data has no
+    such key; the first worker to notice (start, ping, a new session, a pub/sub reconnect, a
+    read of a vanished session) creates a new one, and every session carries the epoch it was
+    created under, so old cursors are gaps.
+
+Index and tenant sets
+    Cross-slot from the session, so written in a second step of the same pipeline. A
+    subscription goes into the index before the session's set (a crash in between can only
+    over-notify); an unsubscription leaves the session's set first. Both are idempotent, so a
+    retry repairs them; fan-out removes index entries of sessions that are gone. Expired
+    sessions are swept by ``expire_sessions`` through ``P:registry``; their subscription set
+    outlives the record by ``session_index_grace`` so the sweep can still clean the index.
+
+Measured (loopback redis-server 7.0.15, 2 vCPU, redis-py 8.1 + hiredis, one process):
+    see ``bench/redis_inbox.py``; numbers in the module docstring there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
+from broker.backends.redis.batch import Batch
+from broker.backends.redis.changelog import ChangeLog
+from broker.backends.redis.codec import (
+    decode_changes,
+    decode_entry,
+    decode_session,
+    decode_wakes,
+    encode_changes,
+    encode_frame,
+    encode_session,
+    encode_session_fields,
+    entry_offset,
+)
+from broker.backends.redis.connection import ClientFactory, open_clients, unavailable
+from broker.backends.redis.keys import Keys
+from broker.backends.redis.scripts import Scripts
+from broker.backends.redis.wakes import WakeBus
+from broker.changes import Change
+from broker.config import Settings
+
+__all__ = ["RedisBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisBackend:
+    """Shared state in Redis, for any number of workers. See the module docstring."""
+
+    def __init__(self, settings: Settings, *, client_factory: ClientFactory | None = None) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.redis_prefix)
+        clients = open_clients(settings, client_factory)
+        self.redis: Any = clients.commands
+        self._pubsub_client: Any = clients.pubsub
+        self.cluster = clients.cluster
+        self.scripts = Scripts(self.redis)
+        self.changelog = ChangeLog(settings, self.redis, self.keys, self.scripts, cluster=self.cluster)
+        self.epoch = ""
+        self.sharded = True
+        self.publish_command = "SPUBLISH"
+        self._bus: WakeBus | None = None
+        self._watchers: dict[str, list[WakeHandler]] = {}
+        self._watching: dict[str, asyncio.Task[None]] = {}
+        self._broadcast: list[BroadcastHandler] = []
+        self._broadcasting: asyncio.Task[None] | None = None
+        ttl_ms = int(settings.session_ttl * 1000)
+        self._ttl_ms = max(ttl_ms, 1)
+        self._grace_ms = int(settings.session_index_grace * 1000)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect, agree on the epoch, create the fan-out group, detect sharded pub/sub.
+
+        Raises:
+            BackendUnavailable: Redis cannot be reached.
+        """
+        with unavailable("start"):
+            await self.redis.ping()
+            await self.refresh_epoch()
+            await self.changelog.start()
+            self.sharded = await self._has_sharded_pubsub()
+        self.publish_command = "SPUBLISH" if self.sharded else "PUBLISH"
+        self._bus = WakeBus(self._pubsub_client, sharded=self.sharded, cluster=self.cluster,
+                            timeout=self.settings.redis_socket_timeout, on_reconnect=self._on_reconnect)
+
+    async def _has_sharded_pubsub(self) -> bool:
+        """Whether scripts may SPUBLISH (Redis >= 7); probed on a throwaway session's channel."""
+        probe = self.keys.session(f"probe-{secrets.token_hex(4)}")
+        try:
+            await self.scripts.stream_claim(keys=[probe.meta, probe.wake], args=["SPUBLISH", ""])
+        except ResponseError:
+            logger.info("redis has no sharded pub/sub; wake-ups use PUBLISH")
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._bus is not None:
+            await self._bus.close()
+        for client in (self.redis, self._pubsub_client):
+            try:
+                await (client.aclose() if self.cluster else client.aclose(close_connection_pool=True))
+            except Exception:  # closing a client of a dead server must not fail shutdown
+                logger.debug("closing a redis client failed", exc_info=True)
+
+    async def ping(self) -> None:
+        with unavailable("ping"):
+            await self.redis.ping()
+            await self.refresh_epoch()
+
+    async def refresh_epoch(self) -> str:
+        """Read the epoch, creating a new one when Redis lost it; updates ``self.epoch``."""
+        epoch = _text(await self.scripts.get_or_set(keys=[self.keys.epoch], args=[secrets.token_hex(4)]))
+        if self.epoch and epoch != self.epoch:
+            logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+        self.epoch = epoch
+        return epoch
+
+    def _bus_or_fail(self) -> WakeBus:
+        if self._bus is None:
+            raise RuntimeError("RedisBackend.start() was not called")
+        return self._bus
+
+    async def _on_reconnect(self) -> None:
+        try:
+            with unavailable("epoch check"):
+                await self.refresh_epoch()
+        finally:
+            for sid, handlers in list(self._watchers.items()):
+                self._deliver(sid, handlers, [Wake("frames", 0)])
+
+    # -- sessions -----------------------------------------------------------------------
+    def _registry_deadline(self, now: float) -> float:
+        # Touches refresh the registry at most every ttl/4, so this deadline is never early.
+        return now + self.settings.session_ttl * 1.25
+
+    async def create_session(self, record: SessionRecord) -> None:
+        keys = self.keys.session(record.id)
+        now = time.time()
+        record.epoch = self.epoch
+        fields = [*encode_session(record), "head", "0", "reg", int(now * 1000)]
+        deadline = self._registry_deadline(now)
+        with unavailable("create_session"):
+            batch = Batch(self.redis)
+            batch.call(self.scripts.get_or_set, [self.keys.epoch], [secrets.token_hex(4)])
+            batch.call(self.scripts.session_create, [keys.meta, keys.subs, keys.inbox], [self._ttl_ms, *fields])
+            batch.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
+            batch.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
+            epoch = _text((await batch.execute())[0])
+            if epoch != self.epoch:
+                logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+                self.epoch = record.epoch = epoch
+                await self.redis.hset(keys.meta, "epoch", epoch)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        with unavailable("get_session"):
+            raw = await self.redis.hgetall(self.keys.session(session_id).meta)
+        return decode_session(session_id, raw)
+
+    async def update_session(self, session_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        pairs = encode_session_fields(fields)
+        with unavailable("update_session"):
+            await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=pairs)
+
+    async def touch_sessions(self, session_ids: Sequence[str]) -> None:
+        if not session_ids:
+            return
+        now = time.time()
+        args = [self._ttl_ms, self._grace_ms, int(now * 1000), self._ttl_ms // 4]
+        with unavailable("touch_sessions"):
+            batch = Batch(self.redis)
+            for sid in session_ids:
+                keys = self.keys.session(sid)
+                batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox], args)
+            results = await batch.execute()
+            due = Batch(self.redis)
+            deadline = self._registry_deadline(now)
+            for sid, result in zip(session_ids, results, strict=True):
+                if isinstance(result, bytes):
+                    due.pipe.zadd(self.keys.registry, {f"{sid} {result.decode()}": deadline})
+                    due.pipe.zadd(self.keys.tenant_sessions(result.decode()), {sid: deadline})
+            await due.execute()
+
+    async def delete_session(self, session_id: str) -> bool:
+        keys = self.keys.session(session_id)
+        with unavailable("delete_session"):
+            ended = await self.scripts.session_delete(keys=[keys.meta, keys.subs, keys.inbox])
+            if not ended:
+                return False
+            tenant = _text(ended[0])
+            await self._unindex(session_id, tenant, [_text(uri) for uri in ended[1:]])
+        return True
+
+    async def _unindex(self, session_id: str, tenant: str, uris: Sequence[str]) -> None:
+        batch = Batch(self.redis)
+        for uri in uris:
+            batch.pipe.srem(self.keys.index(tenant, uri), session_id)
+        batch.pipe.zrem(self.keys.tenant_sessions(tenant), session_id)
+        batch.pipe.zrem(self.keys.registry, f"{session_id} {tenant}")
+        await batch.execute()
+
+    async def count_sessions(self) -> int:
+        with unavailable("count_sessions"):
+            return int(await self.redis.zcount(self.keys.registry, time.time(), "+inf"))
+
+    async def expire_sessions(self) -> int:
+        """Clean the index and tenant sets of sessions whose record expired; returns how many.
+
+        Registry deadlines run up to ttl/4 late (touches refresh them that rarely), so the sweep
+        looks that far ahead and checks each candidate's record.
+        """
+        now = time.time()
+        horizon = now + self.settings.session_ttl / 4 + 1.0
+        with unavailable("expire_sessions"):
+            candidates = await self.redis.zrangebyscore(self.keys.registry, "-inf", horizon, start=0, num=500)
+            if not candidates:
+                return 0
+            members = [_text(m).partition(" ") for m in candidates]
+            probe = Batch(self.redis)
+            for sid, _, _ in members:
+                keys = self.keys.session(sid)
+                probe.pipe.exists(keys.meta)
+                probe.pipe.smembers(keys.subs)
+            found = await probe.execute()
+            gone = 0
+            for i, (sid, _, tenant) in enumerate(members):
+                if found[2 * i]:
+                    continue  # alive: its deadline is an upper bound, not the expiry
+                keys = self.keys.session(sid)
+                await self._unindex(sid, tenant, [_text(u) for u in found[2 * i + 1]])
+                await self.redis.delete(keys.subs, keys.inbox)
+                gone += 1
+        return gone
+
+    # -- subscriptions --------------------------------------------------------------------
+    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
+        keys = self.keys.session(session_id)
+        index = self.keys.index(tenant, uri)
+        with unavailable("add_subscription"):
+            batch = Batch(self.redis)
+            batch.pipe.sadd(index, session_id)
+            batch.call(self.scripts.subscription_add, [keys.meta, keys.subs], [uri, self._grace_ms])
+            count = int((await batch.execute())[1])
+            if count == 0:
+                await self.redis.srem(index, session_id)  # the session is gone: undo the index entry
+        return count
+
+    async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None:
+        with unavailable("remove_subscription"):
+            batch = Batch(self.redis)
+            batch.pipe.srem(self.keys.session(session_id).subs, uri)
+            batch.pipe.srem(self.keys.index(tenant, uri), session_id)
+            await batch.execute()
+
+    async def get_subscriptions(self, session_id: str) -> set[str]:
+        keys = self.keys.session(session_id)
+        with unavailable("get_subscriptions"):
+            uris = await self.scripts.subscriptions_get(keys=[keys.meta, keys.subs])
+        return {_text(uri) for uri in uris}
+
+    async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
+        with unavailable("subscribers"):
+            batch = Batch(self.redis)
+            for uri in uris:
+                batch.pipe.smembers(self.keys.index(tenant, uri))
+            members = await batch.execute()
+        return {uri: [_text(sid) for sid in sids] for uri, sids in zip(uris, members, strict=True) if sids}
+
+    async def tenant_sessions(self, tenant: str) -> list[str]:
+        with unavailable("tenant_sessions"):
+            sids = await self.redis.zrangebyscore(self.keys.tenant_sessions(tenant), time.time(), "+inf")
+        return [_text(sid) for sid in sids]
+
+    # -- inboxes and wake-ups ------------------------------------------------------------
+    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        per_session: dict[str, list[bytes]] = {}
+        for sid, frame in batch:
+            per_session.setdefault(sid, []).append(encode_frame(frame))
+        if not per_session:
+            return []
+        now_ms = int(time.time() * 1000)
+        cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
+        head = [self.publish_command, self.settings.inbox_maxlen, now_ms, cutoff_ms]
+        with unavailable("append_frames"):
+            calls = Batch(self.redis)
+            for sid, frames in per_session.items():
+                keys = self.keys.session(sid)
+                calls.call(self.scripts.inbox_append, [keys.meta, keys.inbox, keys.wake], [*head, *frames])
+            results = await calls.execute()
+        return [sid for sid, result in zip(per_session, results, strict=True) if int(result) < 0]
+
+    async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
+        keys = self.keys.session(session_id)
+        with unavailable("read_inbox"):
+            found = await self.scripts.inbox_read(keys=[keys.meta, keys.inbox], args=[after + 1, max(limit, 1)])
+            if not found:
+                # A vanished session: maybe Redis lost everything, so agree on the epoch again.
+                return InboxRead(await self.refresh_epoch(), [], True, 0)
+        session_epoch, head, entries = _text(found[0]), int(found[1]), found[2]
+        gap = InboxRead(session_epoch, [], True, head)
+        if epoch != session_epoch or after > head or after < head - self.settings.inbox_maxlen:
+            return gap
+        if after == head:
+            return InboxRead(session_epoch, [], False, head)
+        if not entries or entry_offset(entries[0][0]) != after + 1:
+            return gap  # trimmed
+        fields = entries[0][1]
+        if int(fields[fields.index(b"t") + 1]) < (time.time() - self.settings.inbox_retention) * 1000:
+            return gap  # older than the retention window
+        frames = [(entry_offset(entry_id), decode_entry(fields)) for entry_id, fields in entries[:limit]]
+        return InboxRead(session_epoch, frames, False, head)
+
+    def _deliver(self, session_id: str, handlers: Sequence[WakeHandler], wakes: Sequence[Wake]) -> None:
+        for handler in list(handlers):
+            for wake in wakes:
+                handler(wake)
+
+    def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
+        def dispatch(payload: bytes) -> None:
+            handlers = self._watchers.get(session_id)
+            if handlers:
+                self._deliver(session_id, handlers, decode_wakes(payload))
+
+        return dispatch
+
+    async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
+        """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
+        bus = self._bus_or_fail()
+        handlers = self._watchers.setdefault(session_id, [])
+        handlers.append(handler)
+        subscribing = self._watching.get(session_id)
+        if subscribing is None:
+            channel = self.keys.wake(session_id)
+            subscribing = asyncio.ensure_future(bus.subscribe(channel, self._on_wake_message(session_id)))
+            self._watching[session_id] = subscribing
+        try:
+            await asyncio.shield(subscribing)
+        except BaseException:
+            await self._unwatch(session_id, handler)
+            raise
+
+        async def unwatch() -> None:
+            await self._unwatch(session_id, handler)
+
+        return unwatch
+
+    async def _unwatch(self, session_id: str, handler: WakeHandler) -> None:
+        handlers = self._watchers.get(session_id)
+        if handlers is None or handler not in handlers:
+            return
+        handlers.remove(handler)
+        if handlers:
+            return
+        del self._watchers[session_id]
+        subscribing = self._watching.pop(session_id, None)
+        if subscribing is not None and subscribing.done() and not subscribing.cancelled() \
+                and subscribing.exception() is None:
+            await self._bus_or_fail().unsubscribe(self.keys.wake(session_id))
+
+    async def claim_stream(self, session_id: str, owner: str) -> bool:
+        keys = self.keys.session(session_id)
+        with unavailable("claim_stream"):
+            had = await self.scripts.stream_claim(keys=[keys.meta, keys.wake], args=[self.publish_command, owner])
+        return bool(had)
+
+    # -- change log and fan-out ------------------------------------------------------------
+    async def publish(self, change: Change) -> str:
+        with unavailable("publish"):
+            return await self.changelog.publish(change)
+
+    async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        with unavailable("read_changes"):
+            return await self.changelog.read(consumer, count, block_ms)
+
+    async def ack_changes(self, ids: Sequence[str]) -> None:
+        with unavailable("ack_changes"):
+            await self.changelog.ack(ids)
+
+    async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
+        with unavailable("claim_changes"):
+            return await self.changelog.claim(consumer, min_idle_ms, count)
+
+    async def broadcast(self, changes: Sequence[Change]) -> None:
+        if not changes:
+            return
+        with unavailable("broadcast"):
+            await self.redis.execute_command(self.publish_command, self.keys.broadcast, encode_changes(changes))
+
+    def _on_broadcast_message(self, payload: bytes) -> None:
+        changes = decode_changes(payload)
+        for handler in list(self._broadcast):
+            for change in changes:
+                handler(change)
+
+    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]:
+        bus = self._bus_or_fail()
+        self._broadcast.append(handler)
+        if self._broadcasting is None:
+            self._broadcasting = asyncio.ensure_future(bus.subscribe(self.keys.broadcast, self._on_broadcast_message))
+        try:
+            await asyncio.shield(self._broadcasting)
+        except BaseException:
+            await self._remove_broadcast(handler)
+            raise
+
+        async def remove() -> None:
+            await self._remove_broadcast(handler)
+
+        return remove
+
+    async def _remove_broadcast(self, handler: BroadcastHandler) -> None:
+        if handler in self._broadcast:
+            self._broadcast.remove(handler)
+        if not self._broadcast and self._broadcasting is not None:
+            subscribing, self._broadcasting = self._broadcasting, None
+            if subscribing.done() and not subscribing.cancelled() and subscribing.exception() is None:
+                await self._bus_or_fail().unsubscribe(self.keys.broadcast)
+
+    # -- records ---------------------------------------------------------------------------
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+        with unavailable("write_record"):
+            return await self.changelog.write_record(tenant, collection, record_id, data, change)
+
+    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
+        with unavailable("read_record"):
+            return await self.changelog.read_record(tenant, collection, record_id)
+
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+        with unavailable("delete_record"):
+            return await self.changelog.delete_record(tenant, collection, record_id, change)
+
+    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
+        with unavailable("list_records"):
+            return await self.changelog.list_records(tenant, collection, after, limit)
+
+    async def list_collections(self, tenant: str) -> list[str]:
+        with unavailable("list_collections"):
+            return await self.changelog.list_collections(tenant)

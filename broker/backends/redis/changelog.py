@@ -1,0 +1,183 @@
+"""The change log (partitioned streams, one consumer group) and the record collections.
+
+A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in
+Redis at first start (``P:partitions``) and the stored value wins over the setting, because a
+tenant's records live under its partition's hash tag and must not move. Change ids are
+``<partition>:<stream id>``. Entries beyond ``changelog_maxlen`` per partition are trimmed
+approximately, even if pending: a fan-out that falls that far behind loses the oldest changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from broker.backends.redis.batch import Batch
+from broker.backends.redis.codec import decode_change, encode_change
+from broker.backends.redis.keys import FANOUT_GROUP, Keys
+from broker.backends.redis.scripts import Scripts
+from broker.changes import Change
+from broker.config import Settings
+
+__all__ = ["ChangeLog"]
+
+logger = logging.getLogger(__name__)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class ChangeLog:
+    """Change-log and record operations; the caller translates connection errors."""
+
+    def __init__(self, settings: Settings, client: Any, keys: Keys, scripts: Scripts, *, cluster: bool) -> None:
+        self.settings = settings
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        self.cluster = cluster
+        self.partitions = max(settings.changelog_partitions, 1)
+        self._rotate = 0
+        # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
+        self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
+
+    async def start(self) -> None:
+        stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
+        if int(stored) != self.partitions:
+            logger.warning("change log has %s partitions in redis; changelog_partitions=%d is ignored",
+                           _text(stored), self.partitions)
+            self.partitions = int(stored)
+        await self.create_groups()
+
+    async def create_groups(self) -> None:
+        for partition in range(self.partitions):
+            try:
+                await self.client.xgroup_create(self.keys.log(partition), FANOUT_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def partition(self, tenant: str) -> int:
+        return zlib.crc32(tenant.encode()) % self.partitions
+
+    # -- change log ------------------------------------------------------------------------
+    async def publish(self, change: Change) -> str:
+        partition = self.partition(change.tenant)
+        entry_id = await self.client.xadd(self.keys.log(partition), {"c": encode_change(change)},
+                                          maxlen=self.settings.changelog_maxlen, approximate=True)
+        return f"{partition}:{_text(entry_id)}"
+
+    def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
+        out = []
+        for entry_id, fields in entries:
+            if fields and b"c" in fields:
+                out.append((f"{partition}:{_text(entry_id)}", decode_change(fields[b"c"])))
+        return out
+
+    async def _readgroup(self, consumer: str, partitions: Sequence[int], count: int,
+                         block_ms: int | None) -> list[tuple[str, Change]]:
+        streams = {self.keys.log(p): ">" for p in partitions}
+        by_key = {self.keys.log(p): p for p in partitions}
+        try:
+            reply = await self.client.xreadgroup(FANOUT_GROUP, consumer, streams, count=count, block=block_ms)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The store lost the group (it was flushed or restarted empty): recreate and read again.
+            await self.create_groups()
+            reply = await self.client.xreadgroup(FANOUT_GROUP, consumer, streams, count=count, block=block_ms)
+        out: list[tuple[str, Change]] = []
+        for key, entries in reply or ():
+            out += self._parse(by_key[_text(key)], entries)
+        return out
+
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(block_ms, 0) / 1000
+        every = list(range(self.partitions))
+        while True:
+            remaining = int((deadline - loop.time()) * 1000)
+            if not self.cluster:
+                chunk = min(remaining, self._max_block_ms)
+                found = await self._readgroup(consumer, every, count, chunk if chunk > 0 else None)
+            else:
+                # A blocking read spans one slot in Cluster: poll every partition, then block on one.
+                found = []
+                for p in every:
+                    found += await self._readgroup(consumer, [p], count - len(found), None)
+                    if len(found) >= count:
+                        break
+                chunk = min(remaining, 100)
+                if not found and chunk > 0:
+                    self._rotate = (self._rotate + 1) % self.partitions
+                    found = await self._readgroup(consumer, [self._rotate], count, chunk)
+            if found or loop.time() >= deadline:
+                return found
+            if chunk > 0 and loop.time() < deadline - chunk / 1000 + 0.005:
+                await asyncio.sleep(0.01)  # the server did not block (fakeredis): poll instead
+
+    async def ack(self, ids: Sequence[str]) -> None:
+        by_partition: dict[int, list[str]] = {}
+        for change_id in ids:
+            number, _, entry_id = change_id.partition(":")
+            if number.isdigit() and entry_id:
+                by_partition.setdefault(int(number), []).append(entry_id)
+        batch = Batch(self.client)
+        for partition, entry_ids in by_partition.items():
+            batch.pipe.xack(self.keys.log(partition), FANOUT_GROUP, *entry_ids)
+        await batch.execute()
+
+    async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
+        claimed: list[tuple[str, Change]] = []
+        for partition in range(self.partitions):
+            if len(claimed) >= count:
+                break
+            try:
+                reply = await self.client.xautoclaim(self.keys.log(partition), FANOUT_GROUP, consumer,
+                                                     min_idle_ms, start_id="0-0", count=count - len(claimed))
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    continue
+                raise
+            claimed += self._parse(partition, reply[1])
+        return claimed
+
+    # -- records ---------------------------------------------------------------------------
+    def _record_keys(self, tenant: str, collection: str) -> list[str]:
+        p = self.partition(tenant)
+        keys = self.keys
+        return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
+                keys.collections(p, tenant), keys.log(p)]
+
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+        created = await self.scripts.record_write(
+            keys=self._record_keys(tenant, collection),
+            args=[record_id, data, collection, self.settings.changelog_maxlen, encode_change(change)])
+        return bool(created)
+
+    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
+        data: bytes | None = await self.client.hget(self._record_keys(tenant, collection)[0], record_id)
+        return data
+
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+        deleted = await self.scripts.record_delete(
+            keys=self._record_keys(tenant, collection),
+            args=[record_id, collection, self.settings.changelog_maxlen, encode_change(change)])
+        return bool(deleted)
+
+    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
+        if limit <= 0:
+            return []
+        key = self._record_keys(tenant, collection)[1]
+        ids = await self.client.zrangebylex(key, f"({after}" if after else "-", "+", start=0, num=limit)
+        return [_text(i) for i in ids]
+
+    async def list_collections(self, tenant: str) -> list[str]:
+        names = await self.client.zrange(self.keys.collections(self.partition(tenant), tenant), 0, -1)
+        return [_text(n) for n in names]

@@ -1,0 +1,143 @@
+"""How sessions, frames, changes and wake-ups are encoded in Redis. Pure: no I/O.
+
+Frames and changes are msgpack. A wake-up published on a session's channel is either
+``F<first offset>:<packed frame><packed frame>...`` (built by ``inbox_append.lua`` from the
+frames it just stored, so a stream usually needs no read) or ``T<owner>`` (a takeover).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from broker.backends.base import Frame, SessionRecord, Wake
+from broker.changes import Change
+
+__all__ = [
+    "decode_change",
+    "decode_changes",
+    "decode_session",
+    "decode_wakes",
+    "encode_change",
+    "encode_changes",
+    "encode_frame",
+    "encode_session",
+    "encode_session_fields",
+    "entry_offset",
+]
+
+# SessionRecord attribute -> hash field; dict-valued attributes are msgpack, the rest text.
+_FIELDS = {
+    "tenant": "tenant",
+    "principal": "principal",
+    "protocol_version": "version",
+    "epoch": "epoch",
+    "created_at": "created",
+    "client_info": "info",
+    "client_capabilities": "caps",
+    "initialized": "init",
+}
+_PACKED = {"client_info", "client_capabilities"}
+
+
+def _encode_value(name: str, value: Any) -> bytes | str:
+    if name in _PACKED:
+        packed: bytes = msgpack.packb(value)
+        return packed
+    if name == "initialized":
+        return "1" if value else "0"
+    if name == "created_at":
+        return repr(float(value))
+    return str(value)
+
+
+def encode_session_fields(fields: Mapping[str, Any]) -> list[bytes | str]:
+    """Flat ``field, value`` pairs for HSET. Unknown attributes raise ``TypeError`` (as ``setattr`` would not)."""
+    pairs: list[bytes | str] = []
+    for name, value in fields.items():
+        field = _FIELDS.get(name)
+        if field is None:
+            raise TypeError(f"SessionRecord has no field {name!r}")
+        pairs += [field, _encode_value(name, value)]
+    return pairs
+
+
+def encode_session(record: SessionRecord) -> list[bytes | str]:
+    return encode_session_fields({name: getattr(record, name) for name in _FIELDS})
+
+
+def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord | None:
+    """The record stored in a session hash; None when the hash is empty or not a session."""
+    if b"tenant" not in raw:
+        return None
+
+    def text(field: str) -> str:
+        return raw.get(field.encode(), b"").decode()
+
+    return SessionRecord(
+        id=session_id,
+        tenant=text("tenant"),
+        principal=text("principal"),
+        protocol_version=text("version"),
+        epoch=text("epoch"),
+        created_at=float(text("created") or 0.0),
+        client_info=msgpack.unpackb(raw[b"info"]) if b"info" in raw else {},
+        client_capabilities=msgpack.unpackb(raw[b"caps"]) if b"caps" in raw else {},
+        initialized=raw.get(b"init") == b"1",
+    )
+
+
+def encode_frame(frame: Frame) -> bytes:
+    packed: bytes = msgpack.packb((frame.key, frame.data))
+    return packed
+
+
+def _frames(packed: bytes) -> Iterator[Frame]:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(packed)
+    for key, data in unpacker:
+        yield Frame(key, data)
+
+
+def entry_offset(entry_id: bytes) -> int:
+    """An inbox entry id ``<offset>-0`` as its offset."""
+    return int(entry_id.split(b"-", 1)[0])
+
+
+def decode_entry(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> Frame:
+    """The frame of an inbox entry, from the raw field list of a script reply or a decoded mapping."""
+    packed = fields[b"f"] if isinstance(fields, Mapping) else fields[fields.index(b"f") + 1]
+    key, data = msgpack.unpackb(packed, raw=False)
+    return Frame(key, data)
+
+
+def decode_wakes(payload: bytes) -> list[Wake]:
+    """The wake-ups in one message of a session channel (empty for a malformed one)."""
+    if payload[:1] == b"T":
+        return [Wake("takeover", owner=payload[1:].decode())]
+    if payload[:1] == b"F":
+        first, sep, packed = payload[1:].partition(b":")
+        if sep and first.isdigit():
+            start = int(first)
+            return [Wake("frames", start + i, frame=frame) for i, frame in enumerate(_frames(packed))]
+    return []
+
+
+def encode_change(change: Change) -> bytes:
+    packed: bytes = msgpack.packb(change.to_wire())
+    return packed
+
+
+def decode_change(packed: bytes) -> Change:
+    return Change.from_wire(msgpack.unpackb(packed, raw=False))
+
+
+def encode_changes(changes: Sequence[Change]) -> bytes:
+    packed: bytes = msgpack.packb([change.to_wire() for change in changes])
+    return packed
+
+
+def decode_changes(packed: bytes) -> list[Change]:
+    return [Change.from_wire(wire) for wire in msgpack.unpackb(packed, raw=False)]

@@ -1,0 +1,132 @@
+"""Clients for the Redis URLs the broker accepts, and the one place redis-py errors are translated.
+
+* ``redis://`` and ``rediss://`` (TLS): one server.
+* ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]``: the master Sentinel names,
+  found again after a failover (``redis.asyncio.sentinel``).
+* ``redis+cluster://host:port[,host:port...]``: Redis Cluster (``redis.asyncio.cluster``);
+  ``rediss+cluster://`` with TLS.
+
+Every client has connect and socket timeouts, TCP keep-alive and a small retry with backoff,
+so a dead server surfaces as :class:`BackendUnavailable` within seconds rather than a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+
+from broker.config import Settings
+from broker.errors import BackendUnavailable
+
+__all__ = ["Clients", "ClientFactory", "open_clients", "unavailable"]
+
+#: Builds one client; the backend calls it twice (commands, pub/sub). Tests pass fakeredis here.
+ClientFactory = Callable[[], Any]
+
+# Errors that mean "the store cannot be reached", as opposed to a bug in a command.
+_UNREACHABLE = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.BusyLoadingError,
+    rexc.ReadOnlyError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.MasterDownError,
+    rexc.SlotNotCoveredError,
+    OSError,
+)
+
+
+@contextlib.contextmanager
+def unavailable(what: str) -> Iterator[None]:
+    """Translate redis-py's connection failures into ``BackendUnavailable`` (``raise ... from``)."""
+    try:
+        yield
+    except _UNREACHABLE as exc:
+        raise BackendUnavailable(f"redis unavailable during {what}: {exc}") from exc
+
+
+@dataclass(slots=True)
+class Clients:
+    commands: Any
+    pubsub: Any
+    cluster: bool
+
+
+def _common(settings: Settings) -> dict[str, Any]:
+    return {
+        "socket_timeout": settings.redis_socket_timeout,
+        "socket_connect_timeout": settings.redis_connect_timeout,
+        "socket_keepalive": True,
+        "health_check_interval": settings.redis_health_check_interval,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), settings.redis_retries),
+    }
+
+
+def _hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
+    hosts = []
+    for part in netloc.rpartition("@")[2].split(","):
+        host, _, port = part.rpartition(":") if part.count(":") == 1 or part.startswith("[") else (part, "", "")
+        hosts.append((host.strip("[]") or "localhost", int(port) if port else default_port))
+    return hosts
+
+
+def _credentials(netloc: str) -> dict[str, Any]:
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at:
+        return {}
+    user, colon, password = userinfo.partition(":")
+    creds: dict[str, Any] = {"password": unquote(password) if colon else unquote(user)}
+    if colon and user:
+        creds["username"] = unquote(user)
+    return creds
+
+
+def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
+    url = settings.redis_url
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    common = _common(settings)
+    if pubsub:
+        # The pub/sub reader reconnects itself (and re-subscribes); it must see every failure.
+        common["retry"] = Retry(ExponentialBackoff(), 0)
+    if scheme in ("redis", "rediss", "unix"):
+        return Redis.from_url(url, max_connections=settings.redis_max_connections, **common), False
+    creds = _credentials(parts.netloc)
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ValueError("a redis+sentinel:// URL names the service: redis+sentinel://host:26379/mymaster")
+        db = int(path[1]) if len(path) > 1 else 0
+        sentinel_kwargs = {"socket_timeout": settings.redis_socket_timeout,
+                           "socket_connect_timeout": settings.redis_connect_timeout}
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **common)
+        client = sentinel.master_for(path[0], redis_class=Redis, db=db, ssl=scheme.startswith("rediss"), **creds)
+        return client, False
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        nodes = [ClusterNode(host, port) for host, port in _hosts(parts.netloc, 6379)]
+        common.pop("health_check_interval")
+        client = RedisCluster(startup_nodes=nodes, ssl=scheme.startswith("rediss"),
+                              max_connections=settings.redis_max_connections, **creds, **common)
+        return client, True
+    raise ValueError(f"unsupported redis URL scheme {scheme!r}")
+
+
+def open_clients(settings: Settings, factory: ClientFactory | None = None) -> Clients:
+    """The command client and the pub/sub client for ``settings.redis_url`` (or from ``factory``)."""
+    if factory is not None:
+        return Clients(factory(), factory(), False)
+    commands, cluster = _make(settings, pubsub=False)
+    pubsub, _ = _make(settings, pubsub=True)
+    return Clients(commands, pubsub, cluster)

@@ -1,0 +1,88 @@
+"""Every Redis key and pub/sub channel of the broker, under one configurable prefix.
+
+Layout (``P`` is ``settings.redis_prefix``; ``{...}`` is the Redis Cluster hash tag):
+
+=============================  ==========  ===================================================
+key                            type        what
+=============================  ==========  ===================================================
+``P:epoch``                    string      the data generation (DESIGN §3), SET NX at start
+``P:partitions``               string      change-log partition count, fixed at first start
+``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
+``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
+``P:{s:<sid>}:meta``           hash        the session record, inbox ``head``, stream ``owner``
+``P:{s:<sid>}:subs``           set         the session's subscribed URIs
+``P:{s:<sid>}:inbox``          stream      the session's frames; entry id ``<offset>-0``
+``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
+``P:{i:<tenant>:<uri>}``       set         the index: session ids subscribed to one URI
+``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
+``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
+``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
+``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
+``P:bcast``                    channel     changes for modern listens, every worker subscribes
+=============================  ==========  ===================================================
+
+A session's keys and its wake channel share the tag ``{s:<sid>}``, so each session script runs
+in one Cluster slot. A tenant's records share the tag of the change-log partition the tenant
+maps to (``{c:<n>}``), so a record write and its change are one atomic script. The index and
+the tenant session sets are cross-slot from the session; they are written in a second step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FANOUT_GROUP", "Keys", "SessionKeys"]
+
+#: The consumer group of the change log.
+FANOUT_GROUP = "fanout"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    meta: str
+    subs: str
+    inbox: str
+    wake: str
+
+
+class Keys:
+    """Names under ``prefix``. Pure: no I/O."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.epoch = f"{prefix}:epoch"
+        self.partitions = f"{prefix}:partitions"
+        self.registry = f"{prefix}:registry"
+        self.broadcast = f"{prefix}:bcast"
+
+    def session(self, session_id: str) -> SessionKeys:
+        base = f"{self.prefix}:{{s:{session_id}}}"
+        return SessionKeys(base + ":meta", base + ":subs", base + ":inbox", base + ":wake")
+
+    def wake(self, session_id: str) -> str:
+        return f"{self.prefix}:{{s:{session_id}}}:wake"
+
+    def wake_session(self, channel: str) -> str | None:
+        """The session id a wake channel belongs to, or None for another channel."""
+        head, tail = f"{self.prefix}:{{s:", "}:wake"
+        if channel.startswith(head) and channel.endswith(tail):
+            return channel[len(head) : -len(tail)]
+        return None
+
+    def tenant_sessions(self, tenant: str) -> str:
+        return f"{self.prefix}:{{t:{tenant}}}:sessions"
+
+    def index(self, tenant: str, uri: str) -> str:
+        return f"{self.prefix}:{{i:{tenant}:{uri}}}"
+
+    def log(self, partition: int) -> str:
+        return f"{self.prefix}:{{c:{partition}}}:log"
+
+    def records(self, partition: int, tenant: str, collection: str) -> str:
+        return f"{self.prefix}:{{c:{partition}}}:rec:{tenant}/{collection}"
+
+    def record_ids(self, partition: int, tenant: str, collection: str) -> str:
+        return f"{self.prefix}:{{c:{partition}}}:ids:{tenant}/{collection}"
+
+    def collections(self, partition: int, tenant: str) -> str:
+        return f"{self.prefix}:{{c:{partition}}}:cols:{tenant}"

@@ -1,0 +1,8 @@
+-- KEYS: meta, subs, inbox. ARGV: ttl_ms, then field, value pairs of the record.
+-- A session id is random, but a reused one must never inherit another session's state.
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1

@@ -1,0 +1,12 @@
+-- KEYS: meta, subs, inbox. ARGV: ttl_ms, grace_ms, now_ms, refresh_ms.
+-- Restarts the idle clock. Returns the tenant when the registry deadline is due for a refresh,
+-- 1 when the session is alive and the registry is fresh enough, 0 when the session is gone.
+if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[3], ARGV[1])
+local last = tonumber(redis.call('HGET', KEYS[1], 'reg') or '0')
+if tonumber(ARGV[3]) - last >= tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[1], 'reg', ARGV[3])
+  return redis.call('HGET', KEYS[1], 'tenant')
+end
+return 1

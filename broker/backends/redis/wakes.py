@@ -1,0 +1,210 @@
+"""One pub/sub connection per worker process, multiplexing every channel the process watches.
+
+Session streams subscribe to their session's wake channel while they run and unsubscribe when
+they end; the broadcast channel is subscribed while the process has broadcast handlers. A
+subscription counts as active only once Redis confirms it, so ``subscribe`` returning means
+"every message published from now on reaches this process" (the replay -> live handoff).
+
+The reader task reconnects with backoff after any failure, re-subscribes every channel and
+then calls ``on_reconnect``: messages published during the outage are lost on pub/sub, so the
+backend wakes every stream to re-read its inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis import exceptions as rexc
+
+from broker.backends.redis.connection import unavailable
+from broker.errors import BackendUnavailable
+
+__all__ = ["WakeBus"]
+
+logger = logging.getLogger(__name__)
+
+Dispatch = Callable[[bytes], None]
+
+
+class WakeBus:
+    def __init__(self, client: Any, *, sharded: bool, cluster: bool, timeout: float,
+                 on_reconnect: Callable[[], Awaitable[None]]) -> None:
+        self._client = client
+        self.sharded = sharded
+        self._cluster = cluster
+        self._timeout = timeout
+        self._on_reconnect = on_reconnect
+        self._pubsub: Any = None
+        self._channels: dict[str, Dispatch] = {}
+        self._confirm: dict[str, deque[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._resubscriber: asyncio.Task[None] | None = None
+        self._closed = False
+        self.reconnects = 0
+
+    # -- subscriptions ---------------------------------------------------------------------
+    async def subscribe(self, channel: str, dispatch: Dispatch) -> None:
+        """Deliver every message of ``channel`` to ``dispatch`` from the moment this returns.
+
+        Raises:
+            BackendUnavailable: Redis did not confirm the subscription in time.
+        """
+        await self._ensure_reader()
+        self._channels[channel] = dispatch
+        try:
+            await self._send_subscribe(channel)
+        except BaseException:
+            self._channels.pop(channel, None)
+            raise
+
+    async def unsubscribe(self, channel: str) -> None:
+        if self._channels.pop(channel, None) is None or self._pubsub is None:
+            return
+        try:
+            with unavailable("unsubscribe"):
+                if self.sharded:
+                    await self._pubsub.sunsubscribe(channel)
+                else:
+                    await self._pubsub.unsubscribe(channel)
+        except BackendUnavailable:
+            pass  # the reader reconnects and re-subscribes only what is still wanted
+
+    async def _send_subscribe(self, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is None:
+            raise BackendUnavailable("redis pub/sub is not connected")
+        # One waiter per (S)SUBSCRIBE sent; Redis confirms a channel's subscriptions in order, so
+        # each confirmation resolves the oldest waiter of its channel (even one that gave up).
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirm.setdefault(channel, deque()).append(waiter)
+        try:
+            with unavailable("subscribe"):
+                if self.sharded:
+                    await pubsub.ssubscribe(channel)
+                else:
+                    await pubsub.subscribe(channel)
+            await asyncio.wait_for(waiter, self._timeout)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"redis did not confirm the subscription to {channel}") from exc
+
+    # -- the reader ------------------------------------------------------------------------
+    async def _ensure_reader(self) -> None:
+        if self._closed:
+            raise BackendUnavailable("the backend is closed")
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="redis-wakes")
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), self._timeout)
+            except TimeoutError as exc:
+                raise BackendUnavailable("redis pub/sub is not connected") from exc
+
+    async def _connect(self) -> None:
+        pubsub = self._client.pubsub()
+        self._pubsub = pubsub
+        if self._cluster:
+            return  # ClusterPubSub connects per node on the first (s)subscribe
+        with unavailable("pub/sub connect"):
+            await pubsub.connect()
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        first = True
+        while not self._closed:
+            try:
+                await self._connect()
+                self._ready.set()
+                if not first:
+                    # Confirmations arrive through _read below, so wait for them in another task.
+                    self._resubscriber = asyncio.create_task(self._resubscribe(), name="redis-resubscribe")
+                first = False
+                backoff = 0.05
+                await self._read()
+            except asyncio.CancelledError:
+                raise
+            except (BackendUnavailable, rexc.RedisError, OSError) as exc:
+                self._ready.clear()
+                self._fail_waiters(exc)
+                await self._drop()
+                if self._closed:
+                    return
+                logger.warning("redis pub/sub lost (%s); reconnecting in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _resubscribe(self) -> None:
+        wanted = list(self._channels)
+        results = await asyncio.gather(*(self._send_subscribe(ch) for ch in wanted), return_exceptions=True)
+        if any(isinstance(result, BaseException) for result in results):
+            return  # the connection failed again; the reader reconnects and comes back here
+        self.reconnects += 1
+        logger.info("redis pub/sub reconnected; %d channels re-subscribed", len(wanted))
+        try:
+            await self._on_reconnect()
+        except BackendUnavailable:
+            logger.warning("redis unavailable right after the pub/sub reconnected")
+
+    async def _read(self) -> None:
+        pubsub = self._pubsub
+        while not self._closed:
+            with unavailable("pub/sub read"):
+                if self._cluster:
+                    message = await pubsub.get_sharded_message(timeout=1.0)
+                else:
+                    message = await pubsub.get_message(timeout=1.0)
+            if message is not None:
+                self._handle(message)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        name = channel.decode() if isinstance(channel, bytes) else str(channel)
+        if kind in ("message", "smessage"):
+            dispatch = self._channels.get(name)
+            if dispatch is not None:
+                try:
+                    dispatch(message["data"])
+                except Exception:  # a handler's bug must not stop every other stream's wake-ups
+                    logger.exception("wake-up handler failed for %s", name)
+        elif kind in ("subscribe", "ssubscribe"):
+            pending = self._confirm.get(name)
+            if pending:
+                waiter = pending.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                if not pending:
+                    del self._confirm[name]
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        for pending in self._confirm.values():
+            for waiter in pending:
+                if not waiter.done():
+                    waiter.set_exception(BackendUnavailable(f"redis pub/sub lost: {exc}"))
+        self._confirm.clear()
+
+    async def _drop(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._ready.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._resubscriber is not None:
+            self._resubscriber.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._resubscriber
+        self._fail_waiters(RuntimeError("closed"))
+        await self._drop()
