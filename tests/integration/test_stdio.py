@@ -223,3 +223,27 @@ async def test_envelope_errors_and_parse_errors_are_answered_on_stdout() -> None
         assert error["code"] == -32602 and error["data"] == {"uri": "mcpb://default/demo/missing"}
         await stdio.close_stdin()
         assert await asyncio.wait_for(stdio.proc.wait(), TIMEOUT) == 0
+
+
+@pytest.mark.redis
+async def test_a_stdio_process_watches_the_resources_of_a_running_broker(redis_server: Any) -> None:
+    pytest.importorskip("broker.backends.redis")
+    import httpx
+
+    from tests.support import BrokerProcess
+
+    prefix = f"stdio{os.getpid()}"
+    env = {"MCP_BROKER_REDIS_URL": redis_server.url, "MCP_BROKER_REDIS_PREFIX": prefix}
+    with BrokerProcess(env=env) as broker:
+        async with stdio_process(MCP_BROKER_DEMO="false", **env) as stdio, \
+                httpx.AsyncClient(base_url=broker.url, timeout=TIMEOUT) as rest:
+            uri = "mcpb://default/shared/x"
+            await stdio.send(listen_request(1, uri))
+            await stdio.until(is_ack(1))
+            assert (await rest.put("/collections/shared/x", json={"a": 1})).status_code in (200, 201)
+            frame = await stdio.until(is_update(1))
+            assert frame["params"]["uri"] == uri
+            await stdio.send({"jsonrpc": "2.0", "id": 2, "method": "resources/read",
+                              "params": {"_meta": meta(), "uri": uri}})
+            assert orjson.loads((await stdio.until(lambda m: m.get("id") == 2))["result"]["contents"][0]["text"]) \
+                == {"a": 1}
