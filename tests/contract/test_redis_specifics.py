@@ -1,0 +1,159 @@
+"""What only the Redis backend has to prove: data loss, outages, key layout, Cluster-safe scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from broker.backends.base import Frame, SessionRecord, Wake
+from broker.backends.redis import RedisBackend
+from broker.backends.redis.keys import Keys
+from broker.backends.redis.scripts import NAMES, source
+from broker.changes import Change
+from broker.config import Settings
+from broker.errors import BackendUnavailable
+from tests.contract.conftest import fakeredis_factory
+from tests.support import RedisProcess
+
+pytestmark = pytest.mark.redis
+
+
+def settings_for(url: str = "", **overrides: object) -> Settings:
+    return Settings(_env_file=None, redis_url=url, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
+                    redis_socket_timeout=1.0, redis_connect_timeout=0.5, **overrides)
+
+
+def record(backend: RedisBackend, tenant: str = "t1") -> SessionRecord:
+    return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=f"{tenant}/alice",
+                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
+
+
+@pytest.fixture
+async def private_redis() -> AsyncIterator[RedisProcess]:
+    """A redis-server of this test alone, so it may be flushed, stopped and restarted."""
+    with RedisProcess() as server:
+        yield server
+
+
+@pytest.fixture
+async def backend(private_redis: RedisProcess) -> AsyncIterator[RedisBackend]:
+    impl = RedisBackend(settings_for(private_redis.url))
+    await impl.start()
+    yield impl
+    await impl.close()
+
+
+async def test_a_redis_that_lost_its_data_gets_a_new_epoch_and_old_cursors_are_gaps(
+        backend: RedisBackend, private_redis: RedisProcess) -> None:
+    session = record(backend)
+    await backend.create_session(session)
+    await backend.append_frames([(session.id, Frame("u:x", b"1"))])
+    old = backend.epoch
+    async with Redis.from_url(private_redis.url) as raw:
+        await raw.flushall()
+
+    read = await backend.read_inbox(session.id, old, 1, 10)
+
+    assert read.gap and read.frames == []
+    assert read.epoch == backend.epoch != old
+    fresh = record(backend)
+    await backend.create_session(fresh)
+    assert (await backend.get_session(fresh.id)) == fresh and fresh.epoch == backend.epoch
+
+
+async def test_a_new_session_notices_the_lost_epoch_itself(backend: RedisBackend, private_redis: RedisProcess) -> None:
+    old = backend.epoch
+    async with Redis.from_url(private_redis.url) as raw:
+        await raw.flushall()
+    session = record(backend)  # still stamped with the old epoch
+    await backend.create_session(session)
+    stored = await backend.get_session(session.id)
+    assert stored is not None and stored.epoch == session.epoch == backend.epoch != old
+
+
+async def test_a_stopped_server_raises_backend_unavailable_quickly_and_service_returns(
+        backend: RedisBackend, private_redis: RedisProcess) -> None:
+    session = record(backend)
+    await backend.create_session(session)
+    private_redis.stop()
+
+    started = time.monotonic()
+    for call in (backend.get_session(session.id), backend.publish(Change("t1", "x:a")), backend.ping(),
+                 backend.append_frames([(session.id, Frame("u:x", b"1"))])):
+        with pytest.raises(BackendUnavailable):
+            await call
+    assert time.monotonic() - started < 10
+
+    private_redis.start()
+    await backend.ping()  # an empty server: a new epoch, and the session is gone
+    assert await backend.get_session(session.id) is None
+
+
+async def test_watchers_are_woken_to_reread_after_the_pubsub_connection_drops(
+        backend: RedisBackend, private_redis: RedisProcess) -> None:
+    session = record(backend)
+    await backend.create_session(session)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(session.id, wakes.put_nowait)
+    async with Redis.from_url(private_redis.url) as raw:
+        await raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+
+    resync = await asyncio.wait_for(wakes.get(), 10)
+    assert (resync.kind, resync.frame) == ("frames", None)
+    await backend.append_frames([(session.id, Frame("u:x", b"1"))])  # the channel is subscribed again
+    live = await asyncio.wait_for(wakes.get(), 10)
+    assert (live.offset, live.frame) == (1, Frame("u:x", b"1"))
+    await unwatch()
+
+
+async def test_every_key_carries_the_prefix() -> None:
+    settings = settings_for(inbox_maxlen=5)
+    factory = fakeredis_factory()
+    backend = RedisBackend(settings, client_factory=factory)
+    await backend.start()
+    try:
+        session = record(backend)
+        await backend.create_session(session)
+        await backend.add_subscription(session.id, "t1", "x:a")
+        await backend.append_frames([(session.id, Frame("u:x:a", b"1"))])
+        await backend.touch_sessions([session.id])
+        await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
+        await backend.publish(Change("t2", "x:b"))
+        await backend.read_changes("c1", 10, 0)
+        keys = [key.decode() async for key in backend.redis.scan_iter()]
+    finally:
+        await backend.close()
+    assert len(keys) >= 10
+    assert all(key.startswith(settings.redis_prefix + ":") for key in keys), keys
+
+
+def test_the_keys_of_one_session_and_of_one_tenants_records_share_a_cluster_slot() -> None:
+    keys = Keys("mcpb")
+    session = keys.session("abc")
+    assert len({key_slot(k.encode()) for k in (session.meta, session.subs, session.inbox, session.wake)}) == 1
+    records = [keys.records(3, "acme", "P"), keys.record_ids(3, "acme", "P"), keys.collections(3, "acme"), keys.log(3)]
+    assert len({key_slot(k.encode()) for k in records}) == 1
+    assert keys.wake_session(session.wake) == "abc"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scripts_touch_only_the_keys_they_declare(name: str) -> None:
+    """Every ``redis.call`` names its key (or channel) as ``KEYS[n]``: legal in Redis Cluster."""
+    calls = re.findall(r"redis\.call\(([^,)]+)(?:,\s*([^,)]+))?", source(name))
+    assert calls, name
+    for command, first in calls:
+        assert first.strip().startswith("KEYS["), f"{name}: redis.call({command}, {first}, ...)"
+    multi_key = re.findall(r"redis\.call\('DEL',([^)]*)\)", source(name))
+    for args in multi_key:
+        assert all(arg.strip().startswith("KEYS[") for arg in args.split(",")), name
+
+
+async def test_sharded_pubsub_is_used_where_the_server_has_it(backend: RedisBackend) -> None:
+    assert backend.sharded and backend.publish_command == "SPUBLISH"  # redis-server >= 7
