@@ -51,8 +51,9 @@ logger = logging.getLogger(__name__)
 
 #: Messages waiting for stdout; a client that stops reading slows the broker down instead of growing memory.
 OUTPUT_QUEUE: Final = 1024
-#: Longest accepted input line; a longer one is answered with a parse error.
+#: Room for the envelope on top of ``max_body_bytes``; a longer line is refused and skipped.
 LINE_LIMIT_SLACK: Final = 4096
+TOO_LONG: Final = b"\x00"  # stands in for a line that was too long (it never reaches the parser)
 
 
 class _Output:
@@ -107,13 +108,13 @@ class StdioWriter:
         await self.output.put(message)
 
     async def comment(self) -> None:
-        return None
+        """No keep-alives: stdio has no intermediaries to time out."""
 
     async def retry(self) -> None:
-        return None
+        """No reconnect hint: a stdio client restarts the process instead."""
 
     async def prime(self, event_id: str) -> None:
-        return None
+        """No cursors on stdio."""
 
 
 class StdioServer:
@@ -138,6 +139,11 @@ class StdioServer:
     # -- input ------------------------------------------------------------------------------
     async def handle_line(self, line: bytes) -> None:
         if not line.strip():
+            return
+        if line is TOO_LONG:
+            limit = self.broker.settings.max_body_bytes + LINE_LIMIT_SLACK
+            error = rpc.RpcError(rpc.INVALID_REQUEST, f"Invalid Request: line longer than {limit} bytes")
+            await self.reply(rpc.encode_error(None, error))
             return
         try:
             obj = rpc.parse_body(line)
@@ -310,10 +316,26 @@ async def _lines(stdin: IO[bytes], limit: int) -> Any:
                 yield exc.partial
             return
         except asyncio.LimitOverrunError as exc:
-            await reader.readexactly(exc.consumed)  # drop the oversized line, keep the channel usable
-            yield b"\x00"  # answered with a parse error
+            # Drop the oversized line up to its newline, keep the channel usable, answer a parse error.
+            if not await _discard_line(reader, exc.consumed):
+                return
+            yield TOO_LONG
             continue
         yield line
+
+
+async def _discard_line(reader: asyncio.StreamReader, consumed: int) -> bool:
+    """Skip the rest of an oversized line; False at EOF."""
+    try:
+        await reader.readexactly(consumed)
+        while True:
+            try:
+                await reader.readuntil(b"\n")
+                return True
+            except asyncio.LimitOverrunError as exc:
+                await reader.readexactly(exc.consumed)
+    except asyncio.IncompleteReadError:
+        return False
 
 
 async def serve_stdio(settings: Settings | None = None, stdin: IO[bytes] | None = None,
@@ -372,7 +394,6 @@ async def serve_stdio(settings: Settings | None = None, stdin: IO[bytes] | None 
 
 def _blocking(stream: IO[bytes]) -> bool | None:
     """Whether the stream's descriptor is blocking now (restored at exit: the pipe reader clears it)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         return os.get_blocking(stream.fileno())
-    except (OSError, ValueError, AttributeError):
-        return None
+    return None
