@@ -46,11 +46,16 @@ def has_modern_meta(obj: Any) -> bool:
     return isinstance(meta, dict) and PROTOCOL_VERSION_KEY in meta
 
 
-def check_meta(msg: Message) -> tuple[str, dict[str, Any]]:
-    """The request's protocol version and client capabilities.
+def check_meta(msg: Message, header: Callable[[str], str | None] | None = None) -> tuple[str, dict[str, Any]]:
+    """The request's protocol version and client capabilities; with ``header`` (HTTP), the headers too.
+
+    The order follows the specification's precedence: missing fields, then headers that
+    disagree with the body (so a header naming a supported version over a body naming an
+    unknown one is a mismatch), then the version itself.
 
     Raises:
         RpcError: -32602 (HTTP 400) when a required field is missing or mistyped;
+            -32020 (HTTP 400) when a routing header is missing or differs from the body;
             -32022 (HTTP 400) when the version is not one the broker speaks.
     """
     meta = msg.params.get("_meta")
@@ -63,6 +68,8 @@ def check_meta(msg: Message) -> tuple[str, dict[str, Any]]:
     caps = meta.get(CLIENT_CAPABILITIES_KEY)
     if not isinstance(caps, dict):
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params._meta[{CLIENT_CAPABILITIES_KEY!r}] is required", status=400)
+    if header is not None:
+        check_headers(msg, version, header)
     if version not in MODERN_VERSIONS:
         raise rpc.RpcError(rpc.UNSUPPORTED_PROTOCOL_VERSION, f"Unsupported protocol version: {version}",
                            {"supported": list(MODERN_VERSIONS), "requested": version}, status=400)

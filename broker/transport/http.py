@@ -34,7 +34,7 @@ from broker.delivery import LegacyStream, Listen, parse_event_id
 from broker.errors import BackendUnavailable, LimitExceeded, SessionNotFound
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
-from broker.protocol.envelope import check_headers, check_meta, has_modern_meta
+from broker.protocol.envelope import check_meta, has_modern_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import (
     BATCH_VERSIONS,
@@ -316,8 +316,7 @@ class McpEndpoint:
         if msg.kind == "response":
             return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "Clients must not send responses", status=400))
         try:
-            version, _caps = check_meta(msg)
-            check_headers(msg, version, request.headers.get)
+            check_meta(msg, request.headers.get)
             call = Call(principal, True)
             assert msg.method is not None and msg.id is not None
             if msg.method == "subscriptions/listen":

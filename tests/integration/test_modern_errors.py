@@ -101,6 +101,14 @@ async def test_a_protocol_version_header_that_differs_from_the_body_is_a_header_
              400, -32020)
 
 
+async def test_a_supported_version_header_over_an_unknown_body_version_is_a_mismatch_not_unsupported(
+    http: httpx.AsyncClient,
+) -> None:
+    # The header names 2026-07-28, the body an unknown version: the header disagrees with the body first.
+    body = request("resources/list", protocolVersion="2099-01-01")
+    error_of(await post(http, body, headers("resources/list")), 400, -32020)
+
+
 async def test_a_missing_or_different_method_header_is_a_header_mismatch(http: httpx.AsyncClient) -> None:
     hdrs = headers("resources/list")
     del hdrs["Mcp-Method"]
