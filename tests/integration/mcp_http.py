@@ -73,6 +73,13 @@ class SSEStream:
             name, _, value = line.partition(":")
             fields[name] = value[1:] if value.startswith(" ") else value
 
+    async def keepalive(self, timeout: float = TIMEOUT) -> None:
+        """Wait for the next comment line (an SSE keep-alive); fails if an event comes first."""
+        async with asyncio.timeout(timeout):
+            while not (line := await self._line()).startswith(":"):
+                assert line == "", f"an event arrived before the keep-alive: {line!r}"
+            self.comments += 1
+
     async def next_message(self, timeout: float = TIMEOUT) -> Event:
         """The next event that carries a message (skips priming and bare ``retry:`` events)."""
         async with asyncio.timeout(timeout):

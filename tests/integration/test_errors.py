@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import orjson
 import pytest
 
 from tests.integration.mcp_http import ACCEPT_BOTH, McpSession
+from tests.support import BrokerProcess
 
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
 
@@ -306,3 +309,23 @@ async def test_odd_header_values_never_get_a_500(mcp: McpSession, header: dict[s
     for method in ("GET", "POST", "DELETE"):
         response = await mcp.http.request(method, "/mcp", headers=encoded, content=orjson.dumps(PING))
         assert response.status_code < 500, (method, response.text)
+
+
+# -- limits ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited_broker() -> Iterator[BrokerProcess]:
+    with BrokerProcess(env={"MCP_BROKER_MAX_SUBSCRIPTIONS_PER_SESSION": "2"}) as proc:
+        yield proc
+
+
+async def test_a_subscription_over_the_limit_is_refused_with_a_clear_error(limited_broker: BrokerProcess) -> None:
+    async with httpx.AsyncClient(base_url=limited_broker.url, timeout=10) as http:
+        mcp = await McpSession(http).initialize()
+        await mcp.subscribe("https://example.com/1", "https://example.com/2")
+        await mcp.subscribe("https://example.com/2")  # already subscribed: not a new one
+        reply = await mcp.call("resources/subscribe", {"uri": "https://example.com/3"})
+        assert reply["error"]["code"] == -32602
+        assert reply["error"]["data"] == {"limit": 2}
+        assert "limit" in reply["error"]["message"].lower()
