@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
 from broker.config import Settings
 from broker.core import Broker
@@ -33,7 +34,7 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
     app.state.broker = broker
     app.include_router(build_router(broker))
     # A plain ASGI route: /mcp needs no request parsing or response models from FastAPI.
-    app.router.add_route("/mcp", McpEndpoint(broker), include_in_schema=False)
+    app.router.routes.append(Route("/mcp", McpEndpoint(broker), include_in_schema=False))
 
     @app.exception_handler(BackendUnavailable)
     async def unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:

@@ -106,8 +106,8 @@ def request_id_of(obj: Any) -> Id | None:
     """The id of a possibly malformed message, when it can be read (for the error reply)."""
     if isinstance(obj, dict):
         value = obj.get("id")
-        if _valid_id(value):
-            return value  # type: ignore[no-any-return]
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
     return None
 
 
