@@ -299,11 +299,19 @@ class Hub:
         self._timer = asyncio.create_task(self._tick(), name="hub-keepalive")
 
     async def _tick(self) -> None:
+        # Sessions with an open stream must be touched well within their TTL, whatever the
+        # keep-alive interval; comments go out only once per keep-alive interval.
+        keepalive = self.settings.keepalive_interval
+        period = min(keepalive, self.settings.session_ttl / 3)
+        loop = asyncio.get_running_loop()
+        next_ping = loop.time() + keepalive
         while True:
-            await asyncio.sleep(self.settings.keepalive_interval)
+            await asyncio.sleep(period)
+            if loop.time() >= next_ping:
+                next_ping = loop.time() + keepalive
+                for stream in [*self.legacy, *self.listens]:
+                    stream.keepalive()
             sids = [s.session.id for s in self.legacy]
-            for stream in [*self.legacy, *self.listens]:
-                stream.keepalive()
             if sids:
                 try:
                     await self.backend.touch_sessions(sids)
