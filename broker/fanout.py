@@ -79,10 +79,11 @@ class Fanout:
         for tenant in listed:
             frames.extend((sid, LIST_CHANGED) for sid in await self.backend.tenant_sessions(tenant))
         gone = set(await self.backend.append_frames(frames)) if frames else set()
-        for sid, tenant, uri in stale:
-            if sid in gone:
-                # The session expired without cleaning the index (a store that expires keys does that).
-                await self.backend.remove_subscription(sid, tenant, uri)
+        if gone:
+            # Sessions that expired without cleaning the index (a store that expires keys does that).
+            for sid, tenant, uri in stale:
+                if sid in gone:
+                    await self.backend.remove_subscription(sid, tenant, uri)
         await self.backend.broadcast(changes)
         await self.backend.ack_changes([change_id for change_id, _ in batch])
         self.processed += len(batch)
