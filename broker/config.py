@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     keepalive_interval: float = 15.0
     #: The SSE ``retry:`` hint, in milliseconds.
     retry_ms: int = 1000
+    #: Seconds the backend may stay unreachable (seen by the keep-alive timer) before open
+    #: streams end with ``retry:``. A restart shorter than this keeps streams open; a longer
+    #: outage sends clients to resume from their cursors.
+    outage_grace: float = 5.0
 
     # -- change log and fan-out ----------------------------------------------------------------
     #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.

@@ -19,8 +19,20 @@ idle clock of sessions with an open stream from running out, and ends every stre
 shutdown (``retry:`` for legacy streams, the ``complete`` result for listens).
 
 Who cancels whom: a stream ends when its writer reports a disconnect, when the Hub shuts
-down, or (legacy) when another stream of the same session takes over. Ending only sets a
-flag and wakes the stream's own task, which then returns; nothing is cancelled from outside.
+down, when the backend has been unreachable for ``outage_grace`` seconds (``retry:``), or
+(legacy) when another stream of the same session takes over. Ending only sets a flag and
+wakes the stream's own task, which then returns; nothing is cancelled from outside.
+
+A store that lost its data (Redis restarted empty, a failover to a replica that had not
+caught up) takes the sessions with it. A ``LegacyStream`` keeps what it needs to put its
+session back: the record, and an exact copy of the subscription set, loaded when the stream
+starts and kept current by the ``subscribe``/``unsubscribe`` wakes the backend sends with
+every change to the set (no polling). When a read finds the session gone under a *new*
+backend epoch, the stream restores it (``Backend.restore_session``: same id, principal and
+tenant, new epoch, the copied subscriptions) and applies the gap rule, so the client
+re-reads everything it watches and keeps its session. A session gone under the *same* epoch
+was ended (DELETE, expiry) and the stream ends. A client whose stream was not open at the
+time has nobody to restore its session: its next request gets 404 and it initializes again.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from broker.backends.base import Backend, Frame, SessionRecord, Wake
@@ -128,11 +141,20 @@ class LegacyStream(_Stream):
         self._live: list[tuple[int, Frame]] = []
         self._expect: int | None = None
         self._dirty = True
+        #: The session's subscriptions, for restoring it; None until loaded. Changes that arrive
+        #: while the load is in flight are logged and applied on top of it, in order.
+        self.subscriptions: set[str] | None = None
+        self._sub_log: list[tuple[bool, str]] = []
 
     def _on_wake(self, wake: Wake) -> None:
         if wake.kind == "takeover":
             if wake.owner != self.token:
                 self.end("takeover")
+            return
+        if wake.kind in ("subscribe", "unsubscribe"):
+            self._sub_log.append((wake.kind == "subscribe", wake.uri))
+            if self.subscriptions is not None:
+                self._apply_sub_log(self.subscriptions)
             return
         if (
             wake.frame is not None
@@ -153,6 +175,9 @@ class LegacyStream(_Stream):
         unwatch = await backend.watch(sid, self._on_wake)
         self.hub.legacy[self] = None
         try:
+            loaded = await backend.get_subscriptions(sid)
+            self._apply_sub_log(loaded)
+            self.subscriptions = loaded
             had_stream = await backend.claim_stream(sid, self.token)
             # A resync stands for everything up to the head: what is older is not replayed as well.
             if self._resync_first or (self._from_head and had_stream):
@@ -177,9 +202,33 @@ class LegacyStream(_Stream):
                 await unwatch()
             except BackendUnavailable:
                 pass
-        if self.ended in ("shutdown", "unavailable"):
+        if self.ended in ("shutdown", "unavailable", "lost"):
             await self.writer.retry()
         return self.ended or "closed"
+
+    def _apply_sub_log(self, subscriptions: set[str]) -> None:
+        # Every change since the watch began, in order, on top of a load taken somewhere in
+        # between: each URI ends in the state of its last change (or the load's, if none).
+        for added, uri in self._sub_log:
+            if added:
+                subscriptions.add(uri)
+            else:
+                subscriptions.discard(uri)
+        self._sub_log.clear()
+
+    async def _restore(self) -> bool:
+        """Put back a session the store lost; False when that is impossible (the stream ends)."""
+        backend = self.hub.backend
+        record = replace(self.session)
+        if not await backend.restore_session(record, set(self.subscriptions or ())):
+            found = await backend.get_session(record.id)  # restored meanwhile (or never lost)
+            if found is None or found.principal != record.principal:
+                return False
+            record = found
+        logger.warning("session %s was lost with the backend's data; restored it with %d subscriptions",
+                       record.id, len(self.subscriptions or ()))
+        self.session = record
+        return True
 
     async def _drain(self) -> None:
         backend = self.hub.backend
@@ -188,8 +237,16 @@ class LegacyStream(_Stream):
         self._live = []
         # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
         self._expect = None
+        restored = False
         while self.ended is None:
             read = await backend.read_inbox(self.session.id, self.session.epoch, self.cursor, batch)
+            if read.gone:
+                if read.epoch == self.session.epoch:
+                    self.end("gone")  # ended (DELETE, expiry), not lost: nothing to restore
+                elif restored or not await self._restore():
+                    self.end("lost")  # lost again at once, or cannot be put back: retry, do not spin
+                restored = True
+                continue  # the next read is a gap (new epoch, cursor past the empty inbox): resync
             if read.gap:
                 self.session.epoch = read.epoch
                 self.cursor = read.head
@@ -274,6 +331,8 @@ class Listen(_Stream):
                     await self._wait()
             if self.ended == "shutdown":
                 await self.writer.send(messages.complete_result(self.request_id, hub.server_meta, self._stamp))
+            elif self.ended == "unavailable":
+                await self.writer.retry()
         finally:
             hub.remove_listen(self)
         return self.ended or "closed"
@@ -293,6 +352,8 @@ class Hub:
         self._timer: asyncio.Task[None] | None = None
         self._remove_broadcast: Callable[[], Awaitable[None]] | None = None
         self.closing = False
+        #: Loop time of the first failed backend call of the current outage, None while reachable.
+        self.outage_since: float | None = None
 
     async def start(self) -> None:
         self._remove_broadcast = await self.backend.on_broadcast(self._on_change)
@@ -312,11 +373,24 @@ class Hub:
                 for stream in [*self.legacy, *self.listens]:
                     stream.keepalive()
             sids = [s.session.id for s in self.legacy]
-            if sids:
-                try:
-                    await self.backend.touch_sessions(sids)
-                except BackendUnavailable:
-                    logger.warning("could not refresh %d open sessions: backend unavailable", len(sids))
+            if sids or self.listens:
+                await self._check_backend(sids)
+
+    async def _check_backend(self, sids: list[str]) -> None:
+        """Refresh the idle clocks of open sessions; this doubles as the health check of open streams."""
+        now = asyncio.get_running_loop().time()
+        try:
+            await (self.backend.touch_sessions(sids) if sids else self.backend.ping())
+            self.outage_since = None
+        except BackendUnavailable:
+            self.outage_since = self.outage_since if self.outage_since is not None else now
+            logger.warning("backend unavailable for %.1fs with %d open streams",
+                           now - self.outage_since, len(self.legacy) + len(self.listens))
+            if now - self.outage_since >= self.settings.outage_grace:
+                # Wake-ups may have been lost and nothing can be read: clients resume from their
+                # cursors (elsewhere, or here later) rather than sit on a stream that went deaf.
+                for stream in [*self.legacy, *self.listens]:
+                    stream.end("unavailable")
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """End every stream (``retry:`` / ``complete``) and wait for them to go, at most ``timeout``."""

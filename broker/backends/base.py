@@ -12,7 +12,15 @@ Sessions
 Subscriptions
     ``add_subscription`` updates the session's durable subscription set and the
     URI -> subscribers index in one atomic step; so does ``remove_subscription``. Both are
-    idempotent.
+    idempotent, and both wake the session's watcher with the URI (a ``subscribe`` or
+    ``unsubscribe`` wake, in the order the changes were made), so an open stream keeps an
+    exact copy of the set without reading it again.
+
+Restoring
+    ``restore_session`` re-creates a session that the store lost (its data generation, the
+    backend ``epoch``, changed) from the copy an open stream holds: the same id, tenant and
+    principal, the current epoch, an empty inbox, and the given subscriptions in the index.
+    It never overwrites a live session.
 
 Inboxes
     Each session has a bounded inbox of frames with strictly increasing integer offsets.
@@ -47,7 +55,7 @@ Errors
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -97,25 +105,30 @@ class InboxRead:
 
     ``head`` is the newest offset in the inbox (0 when it never held a frame); on a gap,
     ``frames`` is empty and the caller resynchronises, then continues from ``head``.
+    ``gone``: the session no longer exists (ended, expired, or lost with the store's data;
+    ``epoch`` is then the store's current one, so a caller can tell loss from an ending).
     """
 
     epoch: str
     frames: list[tuple[int, Frame]]
     gap: bool
     head: int
+    gone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Wake:
     """A wake-up for the stream watching a session.
 
-    ``kind`` is ``frames`` (new frames after ``offset``) or ``takeover`` (another stream,
-    ``owner``, now holds the session; the receiver must close unless it is that owner).
+    ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (another stream,
+    ``owner``, now holds the session; the receiver must close unless it is that owner), or
+    ``subscribe`` / ``unsubscribe`` (``uri`` joined or left the session's subscriptions).
     """
 
     kind: str
     offset: int = 0
     owner: str = ""
+    uri: str = ""
     #: The frame at ``offset``, when the backend can carry it (saves the stream a read).
     frame: Frame | None = None
 
@@ -149,6 +162,13 @@ class Backend(Protocol):
 
     async def delete_session(self, session_id: str) -> bool:
         """End a session: record, subscriptions, index entries and inbox. False if unknown."""
+
+    async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
+        """Re-create a session the store lost, with ``subscriptions``; sets ``record.epoch`` to the current epoch.
+
+        Returns False, changing nothing, when a session with that id exists (someone restored
+        it first, or it was never lost); the caller then reads it with ``get_session``.
+        """
 
     async def count_sessions(self) -> int: ...
 

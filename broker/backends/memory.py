@@ -12,7 +12,7 @@ import bisect
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -103,6 +103,16 @@ class MemoryBackend:
         self._owners.pop(session_id, None)
         return True
 
+    async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
+        if record.id in self._sessions and not self._expired(record.id):
+            return False
+        await self.delete_session(record.id)  # an expired record the sweep has not reached yet
+        record.epoch = self.epoch
+        await self.create_session(replace(record))
+        for uri in subscriptions:
+            await self.add_subscription(record.id, record.tenant, uri)
+        return True
+
     async def count_sessions(self) -> int:
         return len(self._sessions)
 
@@ -122,6 +132,7 @@ class MemoryBackend:
             return 0
         subs.add(uri)
         self._index.setdefault((tenant, uri), set()).add(session_id)
+        self._wake(session_id, Wake("subscribe", uri=uri))
         return len(subs)
 
     async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None:
@@ -129,6 +140,11 @@ class MemoryBackend:
         if subs is not None and uri in subs:
             subs.discard(uri)
             self._unindex(tenant, uri, session_id)
+            self._wake(session_id, Wake("unsubscribe", uri=uri))
+
+    def _wake(self, session_id: str, wake: Wake) -> None:
+        for handler in list(self._watchers.get(session_id, ())):
+            handler(wake)
 
     def _unindex(self, tenant: str, uri: str, session_id: str) -> None:
         members = self._index.get((tenant, uri))
@@ -172,7 +188,7 @@ class MemoryBackend:
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
         inbox = self._inboxes.get(session_id)
         if inbox is None:
-            return InboxRead(self.epoch, [], True, 0)
+            return InboxRead(self.epoch, [], True, 0, gone=True)
         cutoff = time.monotonic() - self.settings.inbox_retention
         entries = inbox.entries
         while entries and entries[0][2] < cutoff:

@@ -309,6 +309,67 @@ async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: B
     await unwatch()
 
 
+async def test_subscribing_and_unsubscribing_wake_the_watcher_with_the_uri_in_order(backend: Backend) -> None:
+    sid = await open_session(backend)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, wakes.put_nowait)
+    await backend.add_subscription(sid, "t1", "x:a")
+    await backend.add_subscription(sid, "t1", "x:b")
+    await backend.remove_subscription(sid, "t1", "x:a")
+    got = [await next_wake(wakes) for _ in range(3)]
+    assert [(w.kind, w.uri) for w in got] == [("subscribe", "x:a"), ("subscribe", "x:b"), ("unsubscribe", "x:a")]
+    await unwatch()
+
+
+async def test_reading_the_inbox_of_a_vanished_session_reports_it_gone_under_the_current_epoch(
+        backend: Backend) -> None:
+    sid = await open_session(backend)
+    await backend.delete_session(sid)
+    read = await backend.read_inbox(sid, backend.epoch, 0, 10)
+    assert read.gap and read.gone and read.frames == []
+    assert read.epoch == backend.epoch
+    live = await open_session(backend)
+    assert not (await backend.read_inbox(live, backend.epoch, 0, 10)).gone
+
+
+async def test_a_lost_session_is_restored_with_its_subscriptions_and_an_empty_inbox(backend: Backend) -> None:
+    record = new_session(backend)
+    await backend.create_session(record)
+    for uri in ("x:a", "x:b"):
+        await backend.add_subscription(record.id, "t1", uri)
+    await backend.append_frames([(record.id, frame(1)), (record.id, frame(2))])
+    await backend.delete_session(record.id)  # what a store that lost its data looks like to a stream
+    record.epoch = "stale"
+
+    assert await backend.restore_session(record, {"x:a", "x:b"}) is True
+
+    assert record.epoch == backend.epoch
+    stored = await backend.get_session(record.id)
+    assert stored == record
+    assert await backend.get_subscriptions(record.id) == {"x:a", "x:b"}
+    assert await backend.subscribers("t1", ["x:a", "x:b"]) == {"x:a": [record.id], "x:b": [record.id]}
+    assert record.id in await backend.tenant_sessions("t1")
+    read = await backend.read_inbox(record.id, record.epoch, 0, 10)
+    assert (read.gap, read.head, read.frames) == (False, 0, [])
+    assert await backend.append_frames([(record.id, frame(3))]) == []
+    assert [off for off, _ in (await backend.read_inbox(record.id, record.epoch, 0, 10)).frames] == [1]
+
+
+async def test_restoring_a_live_session_changes_nothing(backend: Backend) -> None:
+    record = new_session(backend)
+    await backend.create_session(record)
+    await backend.add_subscription(record.id, "t1", "x:a")
+    await backend.append_frames([(record.id, frame(1))])
+    impostor = SessionRecord(**{**{f: getattr(record, f) for f in record.__slots__}, "principal": "t1/mallory"})
+
+    assert await backend.restore_session(impostor, {"x:b"}) is False
+
+    assert await backend.get_session(record.id) == record
+    assert await backend.get_subscriptions(record.id) == {"x:a"}
+    assert await backend.subscribers("t1", ["x:b"]) == {}
+    assert (await backend.read_inbox(record.id, record.epoch, 0, 10)).head == 1
+
+
 # -- change log ----------------------------------------------------------------------------------
 
 

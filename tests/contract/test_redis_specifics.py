@@ -68,6 +68,25 @@ async def test_a_redis_that_lost_its_data_gets_a_new_epoch_and_old_cursors_are_g
     assert (await backend.get_session(fresh.id)) == fresh and fresh.epoch == backend.epoch
 
 
+async def test_a_session_lost_with_the_data_is_gone_under_a_new_epoch_and_can_be_restored(
+        backend: RedisBackend, private_redis: RedisProcess) -> None:
+    session = record(backend)
+    await backend.create_session(session)
+    await backend.add_subscription(session.id, "t1", "x:a")
+    old = backend.epoch
+    async with Redis.from_url(private_redis.url) as raw:
+        await raw.flushall()
+
+    read = await backend.read_inbox(session.id, old, 0, 10)
+    assert read.gone and read.epoch != old
+
+    assert await backend.restore_session(session, {"x:a"}) is True
+    assert session.epoch == read.epoch == backend.epoch
+    assert await backend.get_session(session.id) == session
+    assert await backend.subscribers("t1", ["x:a"]) == {"x:a": [session.id]}
+    assert await backend.count_sessions() == 1
+
+
 async def test_a_new_session_notices_the_lost_epoch_itself(backend: RedisBackend, private_redis: RedisProcess) -> None:
     old = backend.epoch
     async with Redis.from_url(private_redis.url) as raw:

@@ -56,7 +56,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -240,6 +240,36 @@ class RedisBackend:
             await self._unindex(session_id, tenant, [_text(uri) for uri in ended[1:]])
         return True
 
+    async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
+        """Index entries go in first (a crash in between can only over-notify), then one script
+        re-creates the record, the set and an empty inbox unless the session exists."""
+        keys = self.keys.session(record.id)
+        uris = sorted(subscriptions)
+        now = time.time()
+        deadline = self._registry_deadline(now)
+        with unavailable("restore_session"):
+            record.epoch = await self.refresh_epoch()
+            fields = [*encode_session(record), "head", "0", "reg", int(now * 1000)]
+            batch = Batch(self.redis)
+            for uri in uris:
+                batch.pipe.sadd(self.keys.index(record.tenant, uri), record.id)
+            batch.call(self.scripts.session_restore, [keys.meta, keys.subs, keys.inbox],
+                       [self._ttl_ms, self._grace_ms, len(uris), *uris, *fields])
+            restored = bool((await batch.execute())[-1])
+            if not restored:
+                live = await self.get_subscriptions(record.id)
+                stray = Batch(self.redis)
+                for uri in uris:
+                    if uri not in live:
+                        stray.pipe.srem(self.keys.index(record.tenant, uri), record.id)
+                await stray.execute()
+                return False
+            registered = Batch(self.redis)
+            registered.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
+            registered.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
+            await registered.execute()
+        return True
+
     async def _unindex(self, session_id: str, tenant: str, uris: Sequence[str]) -> None:
         batch = Batch(self.redis)
         for uri in uris:
@@ -288,16 +318,18 @@ class RedisBackend:
         with unavailable("add_subscription"):
             batch = Batch(self.redis)
             batch.pipe.sadd(index, session_id)
-            batch.call(self.scripts.subscription_add, [keys.meta, keys.subs], [uri, self._grace_ms])
+            batch.call(self.scripts.subscription_add, [keys.meta, keys.subs, keys.wake],
+                       [uri, self._grace_ms, self.publish_command])
             count = int((await batch.execute())[1])
             if count == 0:
                 await self.redis.srem(index, session_id)  # the session is gone: undo the index entry
         return count
 
     async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None:
+        keys = self.keys.session(session_id)
         with unavailable("remove_subscription"):
             batch = Batch(self.redis)
-            batch.pipe.srem(self.keys.session(session_id).subs, uri)
+            batch.call(self.scripts.subscription_remove, [keys.subs, keys.wake], [uri, self.publish_command])
             batch.pipe.srem(self.keys.index(tenant, uri), session_id)
             await batch.execute()
 
@@ -344,7 +376,7 @@ class RedisBackend:
             found = await self.scripts.inbox_read(keys=[keys.meta, keys.inbox], args=[after + 1, max(limit, 1)])
             if not found:
                 # A vanished session: maybe Redis lost everything, so agree on the epoch again.
-                return InboxRead(await self.refresh_epoch(), [], True, 0)
+                return InboxRead(await self.refresh_epoch(), [], True, 0, gone=True)
         session_epoch, head, entries = _text(found[0]), int(found[1]), found[2]
         gap = InboxRead(session_epoch, [], True, head)
         if epoch != session_epoch or after > head or after < head - self.settings.inbox_maxlen:

@@ -2,7 +2,8 @@
 
 Frames and changes are msgpack. A wake-up published on a session's channel is either
 ``F<first offset>:<packed frame><packed frame>...`` (built by ``inbox_append.lua`` from the
-frames it just stored, so a stream usually needs no read) or ``T<owner>`` (a takeover).
+frames it just stored, so a stream usually needs no read), ``T<owner>`` (a takeover), or
+``S+<uri>`` / ``S-<uri>`` (the session subscribed to or unsubscribed from a URI).
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def decode_wakes(payload: bytes) -> list[Wake]:
     """The wake-ups in one message of a session channel (empty for a malformed one)."""
     if payload[:1] == b"T":
         return [Wake("takeover", owner=payload[1:].decode())]
+    if payload[:2] in (b"S+", b"S-"):
+        return [Wake("subscribe" if payload[1:2] == b"+" else "unsubscribe", uri=payload[2:].decode())]
     if payload[:1] == b"F":
         first, sep, packed = payload[1:].partition(b":")
         if sep and first.isdigit():

@@ -21,6 +21,8 @@ NAMES = (
     "session_update",
     "session_delete",
     "subscription_add",
+    "subscription_remove",
+    "session_restore",
     "subscriptions_get",
     "inbox_append",
     "inbox_read",
@@ -45,6 +47,8 @@ class Scripts:
         self.session_update: AsyncScript = loaded["session_update"]
         self.session_delete: AsyncScript = loaded["session_delete"]
         self.subscription_add: AsyncScript = loaded["subscription_add"]
+        self.subscription_remove: AsyncScript = loaded["subscription_remove"]
+        self.session_restore: AsyncScript = loaded["session_restore"]
         self.subscriptions_get: AsyncScript = loaded["subscriptions_get"]
         self.inbox_append: AsyncScript = loaded["inbox_append"]
         self.inbox_read: AsyncScript = loaded["inbox_read"]
