@@ -827,6 +827,12 @@ async def sc_idle(args: argparse.Namespace, client: Client, server: ProcSet | No
     return res
 
 
+def with_watch(stream: SSEStream, watch: Callable[[SSEStream, dict[str, Any] | None, float], None]) -> SSEStream:
+    """Attach the frame hook before the connection exists: frames can arrive before create_connection returns."""
+    stream.on_frame = watch
+    return stream
+
+
 async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None) -> dict[str, Any]:
     """One session, ``--missed`` URIs; per try: drop the stream, publish one change per URI, reconnect."""
     rec = client.rec
@@ -857,9 +863,8 @@ async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | 
                 done.set_result(now)
 
         _, proto = await asyncio.get_running_loop().create_connection(
-            lambda: SSEStream(sess, client.get_request(sess, last), rec), client.host, client.port
+            lambda: with_watch(SSEStream(sess, client.get_request(sess, last), rec), watch), client.host, client.port
         )
-        proto.on_frame = watch
         sess.stream = proto
         try:
             t_done = await asyncio.wait_for(done, args.drain_timeout)
@@ -916,9 +921,8 @@ async def sc_storm(args: argparse.Namespace, client: Client, server: ProcSet | N
 
     async def reconnect(s: Session) -> None:
         _, proto = await loop.create_connection(
-            lambda: SSEStream(s, client.get_request(s, lasts[s.idx]), rec), client.host, client.port
+            lambda: with_watch(SSEStream(s, client.get_request(s, lasts[s.idx]), rec), watch), client.host, client.port
         )
-        proto.on_frame = watch
         s.stream = proto
 
     results = await asyncio.gather(*(reconnect(s) for s in sessions), return_exceptions=True)
