@@ -172,7 +172,20 @@ def jsonrpc_body(hdrs: dict[str, str], data: bytes) -> Any:
 class Session:
     """Client-side state of one legacy session or one listen stream."""
 
-    __slots__ = ("idx", "sid", "uris", "uriset", "maxseq", "seen", "count", "received", "dups", "stream", "last_id", "done_t")
+    __slots__ = (
+        "idx",
+        "sid",
+        "uris",
+        "uriset",
+        "maxseq",
+        "seen",
+        "count",
+        "received",
+        "dups",
+        "stream",
+        "last_id",
+        "done_t",
+    )
 
     def __init__(self, idx: int, uris: list[str]) -> None:
         self.idx = idx
@@ -455,9 +468,7 @@ class Client:
     async def open_stream(self, sess: Session, request: bytes, *, wait_frame: bool) -> SSEStream:
         loop = asyncio.get_running_loop()
         async with self.sem:
-            _, proto = await loop.create_connection(
-                lambda: SSEStream(sess, request, self.rec), self.host, self.port
-            )
+            _, proto = await loop.create_connection(lambda: SSEStream(sess, request, self.rec), self.host, self.port)
             sess.stream = proto
             status = await proto.headers_ok
             if status != 200:
@@ -707,8 +718,16 @@ def targets(n: int, fanout: int, prefix: str) -> tuple[list[Session], list[str]]
     return sessions, uris
 
 
-async def flow(args: argparse.Namespace, client: Client, sessions: list[Session], uris: list[str],
-               server: ProcSet | None, aux: ProcSet | None, *, listen: bool) -> dict[str, Any]:
+async def flow(
+    args: argparse.Namespace,
+    client: Client,
+    sessions: list[Session],
+    uris: list[str],
+    server: ProcSet | None,
+    aux: ProcSet | None,
+    *,
+    listen: bool,
+) -> dict[str, Any]:
     rec = client.rec
     t_setup = perf()
     cpu_setup0 = server.cpu() if server else 0.0
@@ -775,7 +794,9 @@ async def flow(args: argparse.Namespace, client: Client, sessions: list[Session]
     return res
 
 
-async def sc_idle(args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None) -> dict[str, Any]:
+async def sc_idle(
+    args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None
+) -> dict[str, Any]:
     sessions, _ = targets(args.sessions, args.fanout, "i")
     gc.collect()
     rss0 = server.rss() if server else 0
@@ -792,8 +813,11 @@ async def sc_idle(args: argparse.Namespace, client: Client, server: ProcSet | No
             opened = b + len(sessions[b : b + block])
         except Exception as e:  # report how far it got
             err = repr(e)[:300]
-            opened = sum(1 for s in sessions if s.stream is not None and s.stream.headers_ok.done()
-                         and not s.stream.closed.done())
+            opened = sum(
+                1
+                for s in sessions
+                if s.stream is not None and s.stream.headers_ok.done() and not s.stream.closed.done()
+            )
             break
     setup_s = perf() - t0
     setup_cpu = (server.cpu() - cpu0) if server else 0.0
@@ -816,7 +840,9 @@ async def sc_idle(args: argparse.Namespace, client: Client, server: ProcSet | No
         "server_rss_before_mb": round(rss0 / 2**20, 1) if server else None,
         "server_rss_after_mb": round(rss1 / 2**20, 1) if server else None,
         "server_rss_kb_per_session": round((rss1 - rss0) / 1024 / n, 2) if server else None,
-        "kernel_tcp_mem_kb_per_session": round((sock1 - sock0) / n, 2) if sock0 is not None and sock1 is not None else None,
+        "kernel_tcp_mem_kb_per_session": round((sock1 - sock0) / n, 2)
+        if sock0 is not None and sock1 is not None
+        else None,
         "idle_server_cpu_pct": round(cpu.get("server_cpu_pct", 0.0), 2),
         "idle_client_cpu_pct": round(cpu["client_cpu_pct"], 2),
         "server_processes": server.count() if server else None,
@@ -833,7 +859,9 @@ def with_watch(stream: SSEStream, watch: Callable[[SSEStream, dict[str, Any] | N
     return stream
 
 
-async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None) -> dict[str, Any]:
+async def sc_replay(
+    args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None
+) -> dict[str, Any]:
     """One session, ``--missed`` URIs; per try: drop the stream, publish one change per URI, reconnect."""
     rec = client.rec
     k = args.missed
@@ -870,7 +898,7 @@ async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | 
             t_done = await asyncio.wait_for(done, args.drain_timeout)
             times.append(t_done - t0)
             complete += 1
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         # live tail: one more change must arrive on the resumed stream
         await client.post_changes(pub.change(sess.uris[0], perf()))
@@ -888,7 +916,9 @@ async def sc_replay(args: argparse.Namespace, client: Client, server: ProcSet | 
     }
 
 
-async def sc_storm(args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None) -> dict[str, Any]:
+async def sc_storm(
+    args: argparse.Namespace, client: Client, server: ProcSet | None, aux: ProcSet | None
+) -> dict[str, Any]:
     """``--sessions`` sessions x ``--missed`` URIs each; drop all, publish, reconnect all at once."""
     rec = client.rec
     k = args.missed
@@ -983,8 +1013,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="SSE load generator for MCP resource notifications")
     ap.add_argument("--url", default="http://127.0.0.1:8000/mcp")
-    ap.add_argument("--scenario", default="targeted",
-                    choices=["targeted", "broadcast", "idle", "replay", "storm", "listen"])
+    ap.add_argument(
+        "--scenario", default="targeted", choices=["targeted", "broadcast", "idle", "replay", "storm", "listen"]
+    )
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--fanout", type=int, default=10, help="sessions per URI (targeted, listen)")
     ap.add_argument("--rate", type=float, default=1000.0, help="changes per second")
@@ -1013,8 +1044,22 @@ def main(argv: list[str] | None = None) -> int:
             f.write(out + "\n")
     else:
         print(out)
-    keys = ["scenario", "sessions", "delivered", "missing", "duplicates", "p50_ms", "p99_ms", "max_ms",
-            "server_cpu_pct", "client_cpu_pct", "drain_s", "setup_s", "server_rss_kb_per_session", "errors"]
+    keys = [
+        "scenario",
+        "sessions",
+        "delivered",
+        "missing",
+        "duplicates",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "server_cpu_pct",
+        "client_cpu_pct",
+        "drain_s",
+        "setup_s",
+        "server_rss_kb_per_session",
+        "errors",
+    ]
     print(" ".join(f"{k}={res[k]}" for k in keys if k in res), file=sys.stderr)
     return 0
 

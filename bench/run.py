@@ -40,16 +40,60 @@ SERVERS = ["broker-memory", "broker-redis-1", "broker-redis-2", "sdk"]
 
 # name -> loadgen arguments
 POINTS: dict[str, list[str]] = {
-    "targeted-1k": ["--scenario", "targeted", "--sessions", "1000", "--fanout", "10", "--rate", "1000", "--duration", "10"],
-    "targeted-10k": ["--scenario", "targeted", "--sessions", "10000", "--fanout", "10", "--rate", "1000", "--duration", "10"],
-    "targeted-1k-200": ["--scenario", "targeted", "--sessions", "1000", "--fanout", "10", "--rate", "200", "--duration", "10"],
+    "targeted-1k": [
+        "--scenario",
+        "targeted",
+        "--sessions",
+        "1000",
+        "--fanout",
+        "10",
+        "--rate",
+        "1000",
+        "--duration",
+        "10",
+    ],
+    "targeted-10k": [
+        "--scenario",
+        "targeted",
+        "--sessions",
+        "10000",
+        "--fanout",
+        "10",
+        "--rate",
+        "1000",
+        "--duration",
+        "10",
+    ],
+    "targeted-1k-200": [
+        "--scenario",
+        "targeted",
+        "--sessions",
+        "1000",
+        "--fanout",
+        "10",
+        "--rate",
+        "200",
+        "--duration",
+        "10",
+    ],
     "broadcast-1k-2": ["--scenario", "broadcast", "--sessions", "1000", "--rate", "2", "--duration", "10"],
     "broadcast-1k-20": ["--scenario", "broadcast", "--sessions", "1000", "--rate", "20", "--duration", "10"],
     "idle-10k": ["--scenario", "idle", "--sessions", "10000", "--duration", "10"],
     "replay-100": ["--scenario", "replay", "--tries", "50", "--missed", "100"],
     "storm-1k": ["--scenario", "storm", "--sessions", "1000", "--missed", "10"],
     "listen-1k": ["--scenario", "listen", "--sessions", "1000", "--fanout", "10", "--rate", "1000", "--duration", "10"],
-    "listen-1k-100": ["--scenario", "listen", "--sessions", "1000", "--fanout", "10", "--rate", "100", "--duration", "10"],
+    "listen-1k-100": [
+        "--scenario",
+        "listen",
+        "--sessions",
+        "1000",
+        "--fanout",
+        "10",
+        "--rate",
+        "100",
+        "--duration",
+        "10",
+    ],
 }
 
 TITLES = {
@@ -66,10 +110,20 @@ TITLES = {
 }
 
 FLOW_COLS = [
-    ("delivered", "delivered"), ("missing", "missing"), ("duplicates", "dups"), ("p50_ms", "p50 ms"),
-    ("p90_ms", "p90 ms"), ("p99_ms", "p99 ms"), ("p999_ms", "p99.9 ms"), ("max_ms", "max ms"),
-    ("frames_per_s", "frames/s"), ("server_cpu_pct", "server CPU %"), ("server_us_per_frame", "server µs/frame"),
-    ("aux_cpu_pct", "redis CPU %"), ("client_cpu_pct", "client CPU %"), ("drain_s", "drain s"),
+    ("delivered", "delivered"),
+    ("missing", "missing"),
+    ("duplicates", "dups"),
+    ("p50_ms", "p50 ms"),
+    ("p90_ms", "p90 ms"),
+    ("p99_ms", "p99 ms"),
+    ("p999_ms", "p99.9 ms"),
+    ("max_ms", "max ms"),
+    ("frames_per_s", "frames/s"),
+    ("server_cpu_pct", "server CPU %"),
+    ("server_us_per_frame", "server µs/frame"),
+    ("aux_cpu_pct", "redis CPU %"),
+    ("client_cpu_pct", "client CPU %"),
+    ("drain_s", "drain s"),
     ("setup_s", "setup s"),
 ]
 COLS: dict[str, list[tuple[str, str]]] = {
@@ -77,25 +131,51 @@ COLS: dict[str, list[tuple[str, str]]] = {
     "broadcast": FLOW_COLS,
     "listen": FLOW_COLS,
     "idle": [
-        ("opened", "opened"), ("alive_after_idle", "alive"), ("setup_s", "setup s"), ("sessions_per_s", "sessions/s"),
-        ("setup_server_cpu_ms_per_session", "server CPU ms/session"), ("server_rss_before_mb", "RSS before MB"),
-        ("server_rss_after_mb", "RSS after MB"), ("server_rss_kb_per_session", "RSS KB/session"),
-        ("kernel_tcp_mem_kb_per_session", "kernel TCP KB/session"), ("idle_server_cpu_pct", "idle server CPU %"),
+        ("opened", "opened"),
+        ("alive_after_idle", "alive"),
+        ("setup_s", "setup s"),
+        ("sessions_per_s", "sessions/s"),
+        ("setup_server_cpu_ms_per_session", "server CPU ms/session"),
+        ("server_rss_before_mb", "RSS before MB"),
+        ("server_rss_after_mb", "RSS after MB"),
+        ("server_rss_kb_per_session", "RSS KB/session"),
+        ("kernel_tcp_mem_kb_per_session", "kernel TCP KB/session"),
+        ("idle_server_cpu_pct", "idle server CPU %"),
     ],
     "replay": [
-        ("complete", "complete"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"),
-        ("missing", "missing"), ("duplicates", "dups"), ("foreign_frames", "foreign frames"),
+        ("complete", "complete"),
+        ("p50_ms", "p50 ms"),
+        ("p99_ms", "p99 ms"),
+        ("max_ms", "max ms"),
+        ("missing", "missing"),
+        ("duplicates", "dups"),
+        ("foreign_frames", "foreign frames"),
         ("live_tail_ok", "live tail ok"),
     ],
     "storm": [
-        ("completed_sessions", "completed"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"),
-        ("all_done_s", "all done s"), ("missing", "missing"), ("duplicates", "dups"),
-        ("foreign_frames", "foreign frames"), ("server_cpu_pct", "server CPU %"), ("client_cpu_pct", "client CPU %"),
+        ("completed_sessions", "completed"),
+        ("p50_ms", "p50 ms"),
+        ("p99_ms", "p99 ms"),
+        ("max_ms", "max ms"),
+        ("all_done_s", "all done s"),
+        ("missing", "missing"),
+        ("duplicates", "dups"),
+        ("foreign_frames", "foreign frames"),
+        ("server_cpu_pct", "server CPU %"),
+        ("client_cpu_pct", "client CPU %"),
     ],
 }
 # figures where a ratio to the SDK is shown (broker / SDK)
-RATIO = {"p50_ms", "p99_ms", "server_us_per_frame", "server_rss_kb_per_session", "sessions_per_s",
-         "setup_server_cpu_ms_per_session", "all_done_s", "frames_per_s"}
+RATIO = {
+    "p50_ms",
+    "p99_ms",
+    "server_us_per_frame",
+    "server_rss_kb_per_session",
+    "sessions_per_s",
+    "setup_server_cpu_ms_per_session",
+    "all_done_s",
+    "frames_per_s",
+}
 
 
 def free_port() -> int:
@@ -176,8 +256,13 @@ class Server:
         env = dict(os.environ)
         if self.name.startswith("broker-redis"):
             rport = free_port()
-            rp = spawn(pin(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no"], cpu), self.tmp / f"redis-{rport}.log")
+            rp = spawn(
+                pin(
+                    ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                    cpu,
+                ),
+                self.tmp / f"redis-{rport}.log",
+            )
             self.procs.append(rp)
             wait_redis(rport)
             self.aux_pid = rp.popen.pid
@@ -203,8 +288,17 @@ class Server:
 
 def run_loadgen(server: Server, args: list[str], timeout: float) -> dict[str, Any]:
     out = server.tmp / f"lg-{time.monotonic_ns()}.json"
-    cmd = [PY, str(BENCH / "loadgen.py"), "--url", f"http://127.0.0.1:{server.port}/mcp",
-           "--server-pid", str(server.pid), "--json-out", str(out), *args]
+    cmd = [
+        PY,
+        str(BENCH / "loadgen.py"),
+        "--url",
+        f"http://127.0.0.1:{server.port}/mcp",
+        "--server-pid",
+        str(server.pid),
+        "--json-out",
+        str(out),
+        *args,
+    ]
     if server.aux_pid:
         cmd += ["--aux-pid", str(server.aux_pid)]
     r = subprocess.run(pin(cmd, "1"), cwd=ROOT, timeout=timeout, capture_output=True, text=True)
@@ -275,8 +369,9 @@ def machine() -> dict[str, str]:
     except Exception:
         redis = "?"
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except Exception:
         commit = "?"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -319,10 +414,13 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
         "  over the publishing + drain window. A run whose client CPU is above ~70% is not valid.",
         "- RSS per session: server-tree RSS after setup minus before, divided by sessions (no gc is",
         "  forced inside the server).",
-        "- Each point runs against a fresh server; " + ("server and Redis pinned to CPU 0, load generator to "
-                                                       "CPU 1 (2-worker runs: server unpinned)." if HAVE_TASKSET else
-                                                       "no CPU pinning available."),
-        "- Median of the repeats, spread (min–max) in brackets. \"x SDK\" = broker figure / SDK figure.",
+        "- Each point runs against a fresh server; "
+        + (
+            "server and Redis pinned to CPU 0, load generator to CPU 1 (2-worker runs: server unpinned)."
+            if HAVE_TASKSET
+            else "no CPU pinning available."
+        ),
+        '- Median of the repeats, spread (min–max) in brackets. "x SDK" = broker figure / SDK figure.',
         "- Listen frames carry no `seq`/`ts` on either server (see below); they are matched to publishes",
         "  by URI and arrival order, exact only while nothing is coalesced.",
         "",
@@ -352,8 +450,12 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
             lines.append("| " + " | ".join(row) + " |")
         fails = [(n, r) for n, rs in by_server.items() for r in rs if r.get("failed")]
         errs = [(n, r["errors"]) for n, rs in by_server.items() for r in rs if r.get("errors")]
-        valid = [(n, r.get("client_cpu_pct")) for n, rs in by_server.items() for r in rs
-                 if (r.get("client_cpu_pct") or 0) > 70]
+        valid = [
+            (n, r.get("client_cpu_pct"))
+            for n, rs in by_server.items()
+            for r in rs
+            if (r.get("client_cpu_pct") or 0) > 70
+        ]
         for n, r in fails[:3]:
             lines.append(f"\n{n}: run failed: `{r.get('stderr', '')[-300:].strip()}`")
         for n, e in errs[:3]:
@@ -374,8 +476,23 @@ def notes_block() -> str:
 
 def smoke(tmp: Path) -> int:
     checks = [
-        ("targeted", ["--scenario", "targeted", "--sessions", "100", "--fanout", "10", "--rate", "500",
-                      "--duration", "2", "--drain-timeout", "10"]),
+        (
+            "targeted",
+            [
+                "--scenario",
+                "targeted",
+                "--sessions",
+                "100",
+                "--fanout",
+                "10",
+                "--rate",
+                "500",
+                "--duration",
+                "2",
+                "--drain-timeout",
+                "10",
+            ],
+        ),
         ("replay", ["--scenario", "replay", "--tries", "3", "--missed", "10", "--drain-timeout", "5"]),
     ]
     bad = 0
@@ -385,14 +502,34 @@ def smoke(tmp: Path) -> int:
             srv.start()
             for label, args in checks:
                 r = run_loadgen(srv, args, 60)
-                ok = (not r.get("failed") and r.get("missing") == 0 and r.get("duplicates") == 0
-                      and not r.get("error_count") and (r.get("complete") in (True, 3)))
+                ok = (
+                    not r.get("failed")
+                    and r.get("missing") == 0
+                    and r.get("duplicates") == 0
+                    and not r.get("error_count")
+                    and (r.get("complete") in (True, 3))
+                )
                 if label == "targeted":
                     ok = ok and r.get("delivered", 0) >= 1000 and r.get("published") == 1000
-                print(f"{name:15} {label:9} {'ok  ' if ok else 'FAIL'} "
-                      + " ".join(f"{k}={r.get(k)}" for k in ("published", "delivered", "missing", "duplicates",
-                                                              "p50_ms", "p99_ms", "complete", "errors", "stderr")
-                                 if k in r), flush=True)
+                print(
+                    f"{name:15} {label:9} {'ok  ' if ok else 'FAIL'} "
+                    + " ".join(
+                        f"{k}={r.get(k)}"
+                        for k in (
+                            "published",
+                            "delivered",
+                            "missing",
+                            "duplicates",
+                            "p50_ms",
+                            "p99_ms",
+                            "complete",
+                            "errors",
+                            "stderr",
+                        )
+                        if k in r
+                    ),
+                    flush=True,
+                )
                 bad += not ok
         except Exception as e:
             print(f"{name:15} FAIL {e!r}"[:2000], flush=True)
@@ -439,12 +576,30 @@ def main() -> int:
                 if rep == 0:
                     by_server[name] = []  # a fresh run replaces merged results for this pair
                 by_server[name].append(r)
-                print("failed: " + r.get("stderr", "")[-300:] if r.get("failed") else
-                      " ".join(f"{k}={r.get(k)}" for k in ("missing", "p50_ms", "p99_ms", "server_cpu_pct",
-                                                           "client_cpu_pct", "server_rss_kb_per_session",
-                                                           "all_done_s") if r.get(k) is not None), flush=True)
-    meta = {"machine": machine(), "repeats": args.repeats, "when": time.strftime("%Y-%m-%d %H:%M"),
-            "took_min": (time.monotonic() - t0) / 60}
+                print(
+                    "failed: " + r.get("stderr", "")[-300:]
+                    if r.get("failed")
+                    else " ".join(
+                        f"{k}={r.get(k)}"
+                        for k in (
+                            "missing",
+                            "p50_ms",
+                            "p99_ms",
+                            "server_cpu_pct",
+                            "client_cpu_pct",
+                            "server_rss_kb_per_session",
+                            "all_done_s",
+                        )
+                        if r.get(k) is not None
+                    ),
+                    flush=True,
+                )
+    meta = {
+        "machine": machine(),
+        "repeats": args.repeats,
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "took_min": (time.monotonic() - t0) / 60,
+    }
     out_dir = BENCH / "results"
     out_dir.mkdir(exist_ok=True)
     raw = out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
