@@ -1,0 +1,119 @@
+"""Any worker serves any request of any session: three workers behind a round-robin proxy, one Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+from mcp import types
+from mcp.client.client import Client
+
+from tests.distributed.conftest import Deployment
+from tests.distributed.scenario import any_worker_scenario, served, steer, uris
+from tests.integration.mcp_http import McpSession, StreamEnded, publish
+from tests.integration.modern import listen, put_record
+
+# resources/subscribe is deprecated by 2026-07-28 only; the legacy era is what is under test.
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+
+TIMEOUT = 10.0
+
+
+class Inbox:
+    """What the SDK client's message handler received, waited on by condition."""
+
+    def __init__(self) -> None:
+        self.messages: list[object] = []
+        self._changed = asyncio.Condition()
+
+    async def handler(self, message: object) -> None:
+        async with self._changed:
+            self.messages.append(message)
+            self._changed.notify_all()
+
+    async def updated(self, uri: str) -> None:
+        def found() -> bool:
+            return any(isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri
+                       for m in self.messages)
+
+        async with asyncio.timeout(TIMEOUT), self._changed:
+            await self._changed.wait_for(found)
+
+
+@asynccontextmanager
+async def sdk_client(deployment: Deployment) -> AsyncIterator[tuple[Client, Inbox]]:
+    inbox = Inbox()
+    async with Client(deployment.url + "/mcp", mode="legacy", message_handler=inbox.handler) as client:
+        yield client, inbox
+
+
+async def test_the_sdk_client_is_served_by_every_worker_and_notified_of_changes_made_through_others(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    name = "c" + secrets.token_hex(4)
+    uri = f"mcpb://default/{name}/42"
+    assert (await http.put(f"/collections/{name}/42", json={"price": 1})).status_code == 201
+    start = len(deployment.log())
+    async with sdk_client(deployment) as (client, inbox):
+        await client.subscribe_resource(uri)
+        for price in (2, 3):
+            assert (await http.put(f"/collections/{name}/42", json={"price": price})).status_code == 200
+        await inbox.updated(uri)
+        # Reads agree whichever worker answers them.
+        values = [json.loads((await client.read_resource(uri, cache_mode="bypass")).contents[0].text)  # type: ignore[union-attr]
+                  for _ in range(3)]
+    assert values == [{"price": 3}] * 3
+    log = deployment.log()[start:]
+    session = next(e["session"] for e in log if e["session"])
+    mine = [e for e in log if e["session"] == session or (e["method"] == "POST" and not e["session"]
+                                                          and e["path"] == "/mcp")]
+    assert len({e["upstream"] for e in mine}) == 3, mine
+    get = next(e["upstream"] for e in mine if e["method"] == "GET")
+    assert get != mine[0]["upstream"], "initialize and the GET stream on different workers"
+
+
+async def test_a_session_resumes_on_another_worker_with_exactly_what_it_missed(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    await any_worker_scenario(http, deployment.log)
+
+
+async def test_a_second_get_on_another_worker_takes_over_the_first(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    first_uri, second_uri = uris(2)
+    mcp = await McpSession(http).initialize()
+    await mcp.subscribe(first_uri, second_uri)
+    async with mcp.stream() as first:
+        await first.next_event()
+        await publish(http, first_uri)
+        assert (await first.next_message()).uri == first_uri
+        assert mcp.id is not None
+        await steer(http, set(served(deployment.log(), mcp.id, "GET")))
+        async with mcp.stream() as second:
+            await second.next_event()
+            with pytest.raises(StreamEnded):
+                await first.next_message()  # ended by the takeover, across workers
+            await publish(http, second_uri)
+            assert (await second.next_message()).uri == second_uri
+    gets = served(deployment.log(), mcp.id, "GET")
+    assert len(gets) == 2 and gets[0] != gets[1]
+
+
+async def test_a_modern_listen_receives_changes_published_through_other_workers(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    name = "c" + secrets.token_hex(4)
+    uri = await put_record(http, name, "a", {"v": 0})
+    async with listen(http, [uri]) as stream:
+        ack = await stream.next()
+        assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged"
+        listen_worker = deployment.log()[-1]["upstream"]
+        writers: set[int] = set()
+        for v in (1, 2, 3):  # three writes: at least two through workers other than the listen's
+            response = await http.put(f"/collections/{name}/a", json={"v": v})
+            writers.add(int(response.headers["x-upstream"]))
+            message = await stream.next()
+            assert message is not None and message["params"]["uri"] == uri
+    assert writers - {listen_worker}
