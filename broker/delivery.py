@@ -306,9 +306,14 @@ class Listen(_Stream):
         self.pending: dict[str, bytes] = {}
         self._stamp = {SUBSCRIPTION_ID: request_id}
 
-    def push(self, key: str, method: str, params: dict[str, Any]) -> None:
-        if self.ended is None and key not in self.pending:
-            self.pending[key] = messages.notification(method, {"_meta": self._stamp, **params})
+    def push(self, key: str, method: str, params: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        """Queue a notification; a newer one for the same key replaces the pending one in place.
+
+        ``meta`` (the change's) joins the subscription id in ``params._meta``; the id wins a clash.
+        """
+        if self.ended is None:
+            stamp = {**meta, **self._stamp} if meta else self._stamp
+            self.pending[key] = messages.notification(method, {"_meta": stamp, **params})
             self.event.set()
 
     async def run(self, acknowledged: dict[str, Any]) -> str:
@@ -437,8 +442,7 @@ class Hub:
             return
         for uri in notify_targets(change.uri):
             for listen in self._by_uri.get((change.tenant, uri), ()):
-                params: dict[str, Any] = {"uri": uri}
-                listen.push("u:" + uri, "notifications/resources/updated", params)
+                listen.push("u:" + uri, "notifications/resources/updated", {"uri": uri}, change.meta)
         if change.kind is not ChangeKind.UPDATED:
             for listen in self._list_changed.get(change.tenant, ()):
                 listen.push("l", "notifications/resources/list_changed", {})

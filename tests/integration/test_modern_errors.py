@@ -257,3 +257,14 @@ async def test_a_listen_gets_only_the_notification_types_it_asked_for(http: http
         frame = await stream.next()
         assert frame is not None and frame["method"] == "notifications/resources/updated"
         assert frame["params"] == {"_meta": {SUBSCRIPTION_ID: "types"}, "uri": watched}
+
+
+async def test_a_changes_meta_reaches_the_listen_beside_the_subscription_id(http: httpx.AsyncClient) -> None:
+    uri = "bench://meta/1"
+    async with listen(http, [uri], "with-meta") as stream:
+        assert (await stream.next()) is not None  # the ack
+        response = await http.post("/changes", json={"uri": uri, "meta": {"seq": 7, SUBSCRIPTION_ID: "forged"}})
+        assert response.status_code == 202
+        frame = await stream.next()
+        assert frame is not None
+        assert frame["params"] == {"_meta": {"seq": 7, SUBSCRIPTION_ID: "with-meta"}, "uri": uri}
