@@ -1,4 +1,10 @@
-"""The ASGI application: ``/mcp``, the REST API and health, around one Broker."""
+"""The ASGI application: ``/mcp``, ``POST /changes``, the REST API and health, around one Broker.
+
+The two hot paths, ``/mcp`` (every SSE frame passes through its ``send``) and
+``/changes`` (every publish), are dispatched before FastAPI: its middleware stack wraps
+``send`` three times and its routing and dependency solving cost more per request than the
+broker's own work there. Everything else, lifespan included, is the FastAPI app.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,36 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.config import Settings
 from broker.core import Broker
 from broker.errors import BackendUnavailable
 from broker.transport.http import McpEndpoint
+from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
 
-__all__ = ["app_from_env", "create_app"]
+__all__ = ["BrokerApp", "app_from_env", "create_app"]
 
 
-def create_app(settings: Settings | None = None, broker: Broker | None = None) -> FastAPI:
+class BrokerApp:
+    """Routes ``/mcp`` and ``/changes`` straight to their endpoints, the rest to FastAPI."""
+
+    def __init__(self, broker: Broker, api: FastAPI) -> None:
+        self.broker = broker
+        self.api = api
+        self._direct: dict[str, ASGIApp] = {"/mcp": McpEndpoint(broker), "/changes": ChangesEndpoint(broker)}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            endpoint = self._direct.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.api(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, broker: Broker | None = None) -> BrokerApp:
     """An app serving ``broker`` (or a new one built from ``settings``); it starts and stops with the app."""
     broker = broker or Broker(settings)
 
@@ -30,19 +54,17 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
         finally:
             await broker.stop()
 
-    app = FastAPI(title="mcp-broker", version=broker.server_info["version"], lifespan=lifespan)
-    app.state.broker = broker
-    app.include_router(build_router(broker))
-    # A plain ASGI route: /mcp needs no request parsing or response models from FastAPI.
-    app.router.routes.append(Route("/mcp", McpEndpoint(broker), include_in_schema=False))
+    api = FastAPI(title="mcp-broker", version=broker.server_info["version"], lifespan=lifespan)
+    api.state.broker = broker
+    api.include_router(build_router(broker))
 
-    @app.exception_handler(BackendUnavailable)
+    @api.exception_handler(BackendUnavailable)
     async def unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "backend unavailable"}, status_code=503, headers={"Retry-After": "1"})
 
-    return app
+    return BrokerApp(broker, api)
 
 
-def app_from_env() -> FastAPI:
+def app_from_env() -> BrokerApp:
     """Factory for ``uvicorn --factory``: settings from ``MCP_BROKER_*``."""
     return create_app(Settings())

@@ -1,4 +1,4 @@
-"""The REST API: record collections, publishing changes, health.
+"""The REST API: record collections and health (``POST /changes`` is in ``publish.py``).
 
 Every write lands in the change log before it is acknowledged, so a ``2xx`` means the
 notification will be delivered to every subscriber (within the inbox retention).
@@ -14,7 +14,6 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from broker.auth import Principal, Unauthorized, authenticate
-from broker.changes import Change, ChangeKind
 from broker.core import Broker
 from broker.errors import BackendUnavailable, NotFound
 from broker.resources.records import merge_patch
@@ -24,7 +23,6 @@ __all__ = ["build_router"]
 
 NAME_PATTERN = r"^[A-Za-z0-9_.~-]{1,128}$"
 Name = Annotated[str, Path(pattern=NAME_PATTERN)]
-_KINDS = {kind.value for kind in ChangeKind}
 
 
 class ORJSONResponse(Response):
@@ -40,7 +38,7 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
     router = APIRouter()
     settings = broker.settings
 
-    def principal(request: Request) -> Principal:
+    async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
         try:
             return authenticate(settings, request.headers.get("authorization"))
         except Unauthorized as exc:
@@ -129,32 +127,5 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             raise HTTPException(404, "record not found") from exc
         return Response(status_code=204)
 
-    @router.post("/changes", status_code=202)
-    async def post_changes(request: Request, caller: Caller) -> ORJSONResponse:
-        """Publish changes for URIs whose data lives elsewhere: one object or a list of them."""
-        body = await json_body(request, settings.max_body_bytes)
-        items = body if isinstance(body, list) else [body]
-        if not items:
-            raise HTTPException(422, "no changes given")
-        changes = [_change(caller.tenant, item, broker) for item in items]
-        ids = [await broker.backend.publish(change) for change in changes]
-        return ORJSONResponse({"ids": ids}, status_code=202)
-
     return router
 
-
-def _change(tenant: str, item: Any, broker: Broker) -> Change:
-    if not isinstance(item, dict):
-        raise HTTPException(422, "each change must be an object")
-    uri, kind, meta = item.get("uri"), item.get("kind", "updated"), item.get("meta")
-    if not isinstance(uri, str):
-        raise HTTPException(422, "uri must be a string")
-    try:
-        broker.methods.check_uri(uri)
-    except Exception as exc:  # RpcError: reworded for HTTP
-        raise HTTPException(422, f"invalid uri: {exc}") from exc
-    if kind not in _KINDS:
-        raise HTTPException(422, f"kind must be one of {sorted(_KINDS)}")
-    if meta is not None and not isinstance(meta, dict):
-        raise HTTPException(422, "meta must be an object")
-    return Change(tenant, uri, ChangeKind(kind), meta)
