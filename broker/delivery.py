@@ -245,8 +245,13 @@ class LegacyStream(_Stream):
                     self.end("gone")  # ended (DELETE, expiry), not lost: nothing to restore
                 elif restored or not await self._restore():
                     self.end("lost")  # lost again at once, or cannot be put back: retry, do not spin
-                restored = True
-                continue  # the next read is a gap (new epoch, cursor past the empty inbox): resync
+                else:
+                    restored = True
+                    # The gap rule from the restored (empty) inbox: whatever fan-out appends to it
+                    # from now on follows the resync.
+                    self.cursor = 0
+                    await self._resync()
+                continue
             if read.gap:
                 self.session.epoch = read.epoch
                 self.cursor = read.head

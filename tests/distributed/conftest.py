@@ -118,6 +118,29 @@ def own_deployment() -> Iterator[Deployment]:
 
 
 @pytest.fixture
+def own_deployment_large_inbox() -> Iterator[Deployment]:
+    """Inboxes long enough that a client who missed a burst of 1,000 never meets a gap."""
+    deploy = Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "5000"})
+    yield deploy
+    deploy.close()
+
+
+@pytest.fixture
+def own_deployment_small_inbox() -> Iterator[Deployment]:
+    deploy = Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "500"})
+    yield deploy
+    deploy.close()
+
+
+@pytest.fixture
+def own_deployment_slow_grace() -> Iterator[Deployment]:
+    """Streams outlive a short Redis restart (the outage grace is longer than the restart)."""
+    deploy = Deployment(env={"MCP_BROKER_OUTAGE_GRACE": "10"})
+    yield deploy
+    deploy.close()
+
+
+@pytest.fixture
 async def http(deployment: Deployment) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=deployment.url, timeout=10) as client:
         yield client

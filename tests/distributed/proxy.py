@@ -79,6 +79,8 @@ class RoundRobin:
                 return await self.client.send(request, stream=True), index
             except httpx.ConnectError:
                 continue  # a dead worker: the request never left, try the next one
+            except httpx.HTTPError:
+                return None, index  # it died with the request: the client cannot know whether it was served
         return None, -1
 
     async def _relay(self, response: httpx.Response, index: int, receive: Any, send: Any) -> None:
