@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     fanout_batch: int = 256
     fanout_claim_idle_ms: int = 5000
 
+    #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
+    gc_thresholds: tuple[int, ...] = (50_000, 50, 100)
+
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = 3.0
