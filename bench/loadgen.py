@@ -886,12 +886,20 @@ async def sc_replay(
         done = asyncio.get_running_loop().create_future()
         t0 = perf()
 
-        def watch(stream: SSEStream, msg: dict[str, Any] | None, now: float) -> None:
+        def watch(
+            stream: SSEStream,
+            msg: dict[str, Any] | None,
+            now: float,
+            done: asyncio.Future[float] = done,
+            target: dict[str, int] = target,
+        ) -> None:
             if not done.done() and all(sess.maxseq.get(u, 0) >= target[u] for u in sess.uris):
                 done.set_result(now)
 
         _, proto = await asyncio.get_running_loop().create_connection(
-            lambda: with_watch(SSEStream(sess, client.get_request(sess, last), rec), watch), client.host, client.port
+            lambda last=last, watch=watch: with_watch(SSEStream(sess, client.get_request(sess, last), rec), watch),
+            client.host,
+            client.port,
         )
         sess.stream = proto
         try:

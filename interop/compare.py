@@ -40,6 +40,53 @@ class Scenario:
     def check_ids(self) -> set[str]:
         return {str(c.get("id")) for c in self.checks}
 
+    def error_of(self, check: str) -> str:
+        for c in self.checks:
+            if c.get("id") == check and c.get("status") == "FAILURE":
+                return str(c.get("errorMessage", ""))
+        return ""
+
+    def summary(self) -> str:
+        counts = f"{self.count('SUCCESS')} ok, {self.count('FAILURE')} failed"
+        return counts + (f", {self.count('WARNING')} warnings" if self.count("WARNING") else "")
+
+
+@dataclass
+class Verdicts:
+    """What the comparison found, scenario by scenario."""
+
+    whole: set[str]
+    per_check: dict[str, set[str]]
+    unexpected: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    passed: int = 0
+    known: int = 0
+
+    def judge(self, sc: Scenario) -> str:
+        fails = sc.failed_checks()
+        if not sc.ran:
+            self.unexpected.append(f"{sc.id}: no result")
+            return "FAIL (no result: the scenario did not run or crashed)"
+        if sc.id in self.whole:
+            if fails:
+                self.known += 1
+                return "known failure (baseline)"
+            self.stale.append(f"{sc.id}: passes now; remove it from the baseline")
+            return "STALE BASELINE: passes now"
+        excused = self.per_check.get(sc.id, set())
+        for check in sorted(excused - fails):
+            if check in sc.check_ids() or not fails:
+                self.stale.append(f"{sc.id}:{check}: passes now; remove it from the baseline")
+        news = sorted(fails - excused)
+        if news:
+            self.unexpected.extend(f"{sc.id}:{c}: {sc.error_of(c)}" for c in news)
+            return "FAIL: " + ", ".join(news)
+        if fails:
+            self.known += 1
+            return "known failure (baseline: " + ", ".join(sorted(fails)) + ")"
+        self.passed += 1
+        return "pass"
+
 
 def expected_scenarios(listing: Path) -> list[str]:
     """Server scenarios named by `list --server --requirements REV` (scored and not scored)."""
@@ -108,53 +155,20 @@ def main() -> int:
                 raise SystemExit(f"{args.baseline}: {sid} is listed both whole and per check ({e})")
             per_check.setdefault(sid, set()).add(check)
 
-    unexpected: list[str] = []
-    stale: list[str] = []
-    passed = known = 0
+    verdicts = Verdicts(whole, per_check)
     seen: set[str] = set()
-
     for rev in revisions:
         print(f"\n== {rev} ==")
         for sc in load(args.out, rev).values():
             seen.add(sc.id)
-            fails = sc.failed_checks()
-            counts = f"{sc.count('SUCCESS')} ok, {len([c for c in sc.checks if c.get('status') == 'FAILURE'])} failed"
-            if sc.count("WARNING"):
-                counts += f", {sc.count('WARNING')} warnings"
-            if not sc.ran:
-                verdict = "FAIL (no result: the scenario did not run or crashed)"
-                unexpected.append(f"{sc.id}: no result")
-            elif sc.id in whole:
-                if fails:
-                    verdict, known = "known failure (baseline)", known + 1
-                else:
-                    verdict = "STALE BASELINE: passes now"
-                    stale.append(f"{sc.id}: passes now; remove it from the baseline")
-            else:
-                excused = per_check.get(sc.id, set())
-                news = sorted(fails - excused)
-                for check in sorted(excused):
-                    if check in fails:
-                        continue
-                    if check in sc.check_ids() or not fails:
-                        stale.append(f"{sc.id}:{check}: passes now; remove it from the baseline")
-                if news:
-                    verdict = "FAIL: " + ", ".join(news)
-                    unexpected.extend(
-                        f"{sc.id}:{c}: {next((str(x.get('errorMessage', '')) for x in sc.checks if x.get('id') == c and x.get('status') == 'FAILURE'), '')}"
-                        for c in news
-                    )
-                elif fails:
-                    verdict, known = "known failure (baseline: " + ", ".join(sorted(fails)) + ")", known + 1
-                else:
-                    verdict, passed = "pass", passed + 1
-            print(f"  {sc.name:50} {counts:28} {verdict}")
+            print(f"  {sc.name:50} {sc.summary():28} {verdicts.judge(sc)}")
 
     for e in sorted(baseline):
         sid = e.partition(":")[0]
         if sid.split("/", 1)[0] in revisions and sid not in seen:
-            stale.append(f"{e}: no such scenario in this run; remove or fix it")
+            verdicts.stale.append(f"{e}: no such scenario in this run; remove or fix it")
 
+    unexpected, stale = verdicts.unexpected, verdicts.stale
     print()
     if unexpected:
         print("Unexpected failures (fix them, or add them to interop/baseline.txt with a reason):")
@@ -166,7 +180,7 @@ def main() -> int:
             print(f"  {s}")
     failed = len({u.partition(':')[0] for u in unexpected} | {s.partition(':')[0] for s in stale})
     print(f"details: {args.out}/<revision>/server-<scenario>-<time>/checks.json")
-    print(f"interop: {passed} passed, {failed} failed, {known} skipped")
+    print(f"interop: {verdicts.passed} passed, {failed} failed, {verdicts.known} skipped")
     return 1 if unexpected or stale else 0
 
 
