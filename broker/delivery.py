@@ -65,6 +65,9 @@ class Writer(Protocol):
 
     async def send(self, message: bytes, event_id: str | None = None) -> None: ...
 
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        """Like ``send`` for each item, in order, in as few writes as the transport allows."""
+
     async def comment(self) -> None: ...
 
     async def retry(self) -> None:
@@ -279,17 +282,19 @@ class LegacyStream(_Stream):
         self._resync_first = False
         frames = await self.hub.resync_frames(self.session)
         head_id = format_event_id(self.session.epoch, self.cursor)
-        for i, frame in enumerate(frames):
-            if self.ended is not None:
-                return
-            await self.writer.send(frame.data, head_id if i == len(frames) - 1 else None)
+        if self.ended is None:
+            await self.writer.send_many([(f.data, head_id if i == len(frames) - 1 else None)
+                                         for i, f in enumerate(frames)])
 
     async def _send(self, frames: list[tuple[int, Frame]]) -> None:
+        if self.ended is not None:
+            return
         epoch = self.session.epoch
-        for off, frame in coalesce(frames):
-            if self.ended is not None:
-                return
-            await self.writer.send(frame.data, format_event_id(epoch, off))
+        batch = coalesce(frames)
+        if len(batch) == 1:
+            await self.writer.send(batch[0][1].data, format_event_id(epoch, batch[0][0]))
+        elif batch:
+            await self.writer.send_many([(frame.data, format_event_id(epoch, off)) for off, frame in batch])
         if frames:
             self.cursor = max(self.cursor, frames[-1][0])
 

@@ -369,6 +369,9 @@ class _PendingWriter:
     async def send(self, message: bytes, event_id: str | None = None) -> None:
         raise RuntimeError("stream not started")
 
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        raise RuntimeError("stream not started")
+
     async def comment(self) -> None:
         return None
 

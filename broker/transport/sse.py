@@ -49,6 +49,10 @@ class SSEWriter:
     async def send(self, message: bytes, event_id: str | None = None) -> None:
         await self.raw(encode_event(message, event_id))
 
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        """Several events in one write: one trip through the server and one socket write."""
+        await self.raw(b"".join([encode_event(message, event_id) for message, event_id in items]))
+
     async def comment(self) -> None:
         await self.raw(b": keep-alive\n\n")
 

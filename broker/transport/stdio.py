@@ -107,6 +107,10 @@ class StdioWriter:
     async def send(self, message: bytes, event_id: str | None = None) -> None:
         await self.output.put(message)
 
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        for message, _ in items:
+            await self.output.put(message)
+
     async def comment(self) -> None:
         """No keep-alives: stdio has no intermediaries to time out."""
 
