@@ -65,7 +65,12 @@ class Deployment:
         self.proxy: ProxyProcess | None = None
         try:
             with ThreadPoolExecutor(workers) as pool:
-                self.workers = list(pool.map(lambda _: BrokerProcess(env=self.env), range(workers)))
+                starting = [pool.submit(BrokerProcess, env=self.env) for _ in range(workers)]
+            # Keep every worker that did start, so close() stops it even if another one failed.
+            self.workers = [f.result() for f in starting if f.exception() is None]
+            for future in starting:
+                if future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]
             self.proxy = ProxyProcess([w.url for w in self.workers])
         except BaseException:
             self.close()

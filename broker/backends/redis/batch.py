@@ -1,14 +1,42 @@
-"""A non-transactional pipeline that runs scripts by EVALSHA and reloads any the server forgot."""
+"""A non-transactional pipeline that runs scripts by EVALSHA and reloads any the server forgot.
+
+On Redis Cluster, redis-py refuses EVALSHA inside a cluster pipeline, so a batch there sends
+its commands and script calls concurrently instead (each on the node of its keys) and returns
+the replies in the order they were added. The commands of one batch never depend on each
+other's effects; on Cluster their order of execution is not fixed, so "the index is written
+before the session's set" holds per round trip only on a single server.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 __all__ = ["Batch"]
+
+
+class _Calls:
+    """Stands in for a pipeline on Cluster: records ``pipe.<command>(...)`` calls to await later."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.calls: list[Callable[[], Awaitable[Any]]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        command = getattr(self.client, name)
+
+        def record(*args: Any, **kwargs: Any) -> None:
+            self.calls.append(lambda: command(*args, **kwargs))
+
+        return record
+
+    def __len__(self) -> int:
+        return len(self.calls)
 
 
 class Batch:
@@ -20,10 +48,14 @@ class Batch:
     """
 
     def __init__(self, client: Any) -> None:
-        self.pipe: Any = client.pipeline(transaction=False)
+        self._cluster = isinstance(client, RedisCluster)
+        self.pipe: Any = _Calls(client) if self._cluster else client.pipeline(transaction=False)
         self._scripts: dict[int, tuple[AsyncScript, Sequence[str], Sequence[Any]]] = {}
 
     def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
+        if self._cluster:
+            self.pipe.calls.append(lambda: script(keys=keys, args=args))
+            return
         self._scripts[len(self.pipe)] = (script, keys, args)
         self.pipe.evalsha(script.sha, len(keys), *keys, *args)
 
@@ -33,6 +65,12 @@ class Batch:
     async def execute(self) -> list[Any]:
         if not len(self.pipe):
             return []
+        if self._cluster:
+            replies = await asyncio.gather(*(call() for call in self.pipe.calls), return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+            return list(replies)
         results: list[Any] = list(await self.pipe.execute(raise_on_error=False))
         for i, result in enumerate(results):
             if isinstance(result, NoScriptError) and i in self._scripts:

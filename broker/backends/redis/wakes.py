@@ -44,6 +44,7 @@ class WakeBus:
         self._confirm: dict[str, deque[asyncio.Future[None]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._nodes_changed = asyncio.Event()
         self._resubscriber: asyncio.Task[None] | None = None
         self._closed = False
         self.reconnects = 0
@@ -87,6 +88,7 @@ class WakeBus:
             with unavailable("subscribe"):
                 if self.sharded:
                     await pubsub.ssubscribe(channel)
+                    self._nodes_changed.set()  # Cluster: maybe a node that needs a reader
                 else:
                     await pubsub.subscribe(channel)
             await asyncio.wait_for(waiter, self._timeout)
@@ -106,10 +108,15 @@ class WakeBus:
                 raise BackendUnavailable("redis pub/sub is not connected") from exc
 
     async def _connect(self) -> None:
+        if self._cluster:
+            # The slot map must be known before SSUBSCRIBE can route; ClusterPubSub then
+            # connects to each node on its first subscription there.
+            with unavailable("pub/sub connect"):
+                await self._client.initialize()
+            self._pubsub = self._client.pubsub()
+            return
         pubsub = self._client.pubsub()
         self._pubsub = pubsub
-        if self._cluster:
-            return  # ClusterPubSub connects per node on the first (s)subscribe
         with unavailable("pub/sub connect"):
             await pubsub.connect()
 
@@ -152,12 +159,48 @@ class WakeBus:
 
     async def _read(self) -> None:
         pubsub = self._pubsub
+        if self._cluster:
+            await self._read_cluster(pubsub)
+            return
         while not self._closed:
             with unavailable("pub/sub read"):
-                if self._cluster:
-                    message = await pubsub.get_sharded_message(timeout=1.0)
-                else:
-                    message = await pubsub.get_message(timeout=1.0)
+                message = await pubsub.get_message(timeout=1.0)
+            if message is not None:
+                self._handle(message)
+
+    async def _read_cluster(self, pubsub: Any) -> None:
+        """One reader per node that holds subscriptions.
+
+        ``ClusterPubSub.get_sharded_message`` without a node polls the nodes one after another,
+        each for the whole timeout (a wake-up on the second node waits for the first one's
+        timeout), and returns at once while nothing is subscribed (the loop would never yield).
+        """
+        readers: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not self._closed:
+                for name in list(pubsub.node_pubsub_mapping):
+                    if name not in readers:
+                        node = pubsub.cluster.get_node(node_name=name)
+                        readers[name] = asyncio.create_task(self._read_node(pubsub, node), name=f"redis-wakes-{name}")
+                self._nodes_changed.clear()
+                waiting = [*readers.values(), asyncio.ensure_future(self._nodes_changed.wait())]
+                done, _ = await asyncio.wait(waiting, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                waiting[-1].cancel()
+                for name, task in list(readers.items()):
+                    if task in done:
+                        del readers[name]
+                        task.result()  # a failed node connection: reconnect everything
+        finally:
+            for task in readers.values():
+                task.cancel()
+            for task in readers.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _read_node(self, pubsub: Any, node: Any) -> None:
+        while not self._closed and node.name in pubsub.node_pubsub_mapping:
+            with unavailable("pub/sub read"):
+                message = await pubsub.get_sharded_message(timeout=1.0, target_node=node)
             if message is not None:
                 self._handle(message)
 
