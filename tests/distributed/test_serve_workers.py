@@ -19,7 +19,9 @@ async def test_worker_processes_share_one_port_and_end_streams_with_retry_on_sig
         broker = BrokerProcess(env={**WORKER_ENV, "MCP_BROKER_REDIS_URL": redis.url}, args=["--workers", "2"])
         try:
             async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
-                workers = psutil.Process(broker.proc.pid).children()
+                # Spawned worker processes (the spawn start method also runs a resource tracker).
+                workers = [c for c in psutil.Process(broker.proc.pid).children()
+                           if "resource_tracker" not in " ".join(c.cmdline())]
                 assert len(workers) == 2, workers
                 mcp = await McpSession(http).initialize()
                 await mcp.subscribe("https://example.com/w")
