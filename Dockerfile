@@ -1,0 +1,18 @@
+# mcp-broker: one image for HTTP workers (`serve`) and the stand-alone fan-out (`fanout`).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY broker ./broker
+COPY workers ./workers
+RUN pip install . && useradd --system --uid 10001 broker
+USER broker
+
+# Inside a container the broker listens on every interface; the load balancer is in front.
+ENV MCP_BROKER_HOST=0.0.0.0 MCP_BROKER_PORT=8080
+EXPOSE 8080
+# SIGTERM drains: legacy streams end with retry:, listens get their complete result.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["mcp-broker"]
+CMD ["serve"]
