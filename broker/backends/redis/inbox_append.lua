@@ -1,36 +1,48 @@
--- KEYS: meta, inbox, wake channel.
--- ARGV: publish command (SPUBLISH or PUBLISH), maxlen, now_ms, cutoff_ms, then packed frames.
--- Appends the frames with offsets head+1.. as entry ids '<offset>-0' and publishes one wake-up
--- 'F<first offset>:<packed frames>' in the same atomic step. Returns the new head, or -1 when
--- the session is gone (nothing is written then: no orphaned inbox).
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then return -1 end
-local n = #ARGV - 4
-local head = redis.call('HINCRBY', KEYS[1], 'head', n)
-local first = head - n + 1
-local payload = {}
-for i = 1, n do
-  local frame = ARGV[4 + i]
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', frame)
-  payload[i] = frame
-end
-redis.call('PEXPIRE', KEYS[2], ttl)
--- Time-based retention: drop entries older than the cutoff, a bounded amount per call.
+-- KEYS: meta, inbox, wake channel of session 1, then of session 2, ... (three per session).
+-- ARGV: publish command (SPUBLISH or PUBLISH), maxlen, now_ms, cutoff_ms, then for each session
+--       its frame count followed by its packed frames.
+-- Per session, atomically: the frames get offsets head+1.. as entry ids '<offset>-0', entries
+-- older than the cutoff are trimmed (a bounded amount per call), and one wake-up
+-- 'F<first offset>:<packed frames>' is published. Nothing is written for a session that is
+-- gone. Returns each session's new head, or -1 when it is gone. In Redis Cluster a call holds
+-- one session (its keys share a hash tag); on a single node fan-out sends many per call.
+local heads = {}
+local at = 5
 local cutoff = tonumber(ARGV[4])
-local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-if oldest[1] and tonumber(oldest[1][2][2]) < cutoff then
-  local entries = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 256)
-  local keep = nil
-  for _, entry in ipairs(entries) do
-    if tonumber(entry[2][2]) >= cutoff then keep = entry[1] break end
-  end
-  if keep then
-    redis.call('XTRIM', KEYS[2], 'MINID', keep)
-  elseif #entries < 256 then
-    redis.call('XTRIM', KEYS[2], 'MAXLEN', 0)
+for s = 1, #KEYS / 3 do
+  local k = 3 * s
+  local n = tonumber(ARGV[at])
+  local ttl = redis.call('PTTL', KEYS[k - 2])
+  if ttl < 0 then
+    heads[s] = -1
   else
-    redis.call('XTRIM', KEYS[2], 'MINID', entries[#entries][1])
+    local head = redis.call('HINCRBY', KEYS[k - 2], 'head', n)
+    local first = head - n + 1
+    local payload = {}
+    for i = 1, n do
+      local frame = ARGV[at + i]
+      redis.call('XADD', KEYS[k - 1], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', frame)
+      payload[i] = frame
+    end
+    redis.call('PEXPIRE', KEYS[k - 1], ttl)
+    local oldest = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 1)
+    if oldest[1] and tonumber(oldest[1][2][2]) < cutoff then
+      local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
+      local keep = nil
+      for _, entry in ipairs(entries) do
+        if tonumber(entry[2][2]) >= cutoff then keep = entry[1] break end
+      end
+      if keep then
+        redis.call('XTRIM', KEYS[k - 1], 'MINID', keep)
+      elseif #entries < 256 then
+        redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+      else
+        redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+      end
+    end
+    redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. table.concat(payload))
+    heads[s] = head
   end
+  at = at + n + 1
 end
-redis.call(ARGV[1], KEYS[3], 'F' .. first .. ':' .. table.concat(payload))
-return head
+return heads
