@@ -214,6 +214,7 @@ class Recorder:
         self.foreign = 0  # frames for a URI the session never subscribed to
         self.pub_ts: dict[tuple[str, int], float] = {}  # used only for listen frames without meta
         self.errors: list[str] = []
+        self.server_closed = 0  # streams the server ended (legacy ones are resumed, as clients do)
 
     def on_message(self, sess: Session, msg: dict[str, Any], now: float) -> None:
         if msg.get("method") != UPDATED:
@@ -267,6 +268,8 @@ class SSEStream(asyncio.Protocol):
         self.status = 0
         self.frames = 0
         self.on_frame: Callable[[SSEStream, dict[str, Any] | None, float], None] | None = None
+        self.on_lost: Callable[[SSEStream], None] | None = None
+        self.deliberate = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -279,8 +282,13 @@ class SSEStream(asyncio.Protocol):
                 fut.exception()  # mark retrieved: nobody may be waiting
         if not self.closed.done():
             self.closed.set_result(None)
+        if not self.deliberate and self.head_done:
+            self.rec.server_closed += 1
+            if self.on_lost is not None:
+                self.on_lost(self)
 
     def close(self) -> None:
+        self.deliberate = True
         if self.transport is not None:
             self.transport.close()
 
@@ -382,6 +390,7 @@ class Client:
         self.sem = asyncio.Semaphore(setup_concurrency)
         self.rec = Recorder()
         self.rpc_id = 0
+        self.resuming: set[asyncio.Future[None]] = set()
 
     def _hdrs(self, sid: str | None = None) -> dict[str, str]:
         h = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -477,10 +486,26 @@ class Client:
                 await asyncio.wait_for(proto.first_frame, 10)
         return proto
 
+    def resume(self, stream: SSEStream) -> None:
+        """A legacy stream the server ended is resumed from its cursor, as MCP clients do."""
+        sess = stream.sess
+
+        async def again() -> None:
+            try:
+                new = await self.open_stream(sess, self.get_request(sess, sess.last_id), wait_frame=False)
+                new.on_lost = self.resume
+            except (OSError, HttpError) as exc:
+                self.rec.errors.append(f"resume of session {sess.idx} failed: {exc!r}")
+
+        task = asyncio.ensure_future(again())
+        self.resuming.add(task)
+        task.add_done_callback(self.resuming.discard)
+
     async def open_legacy(self, sessions: list[Session], *, wait_frame: bool = False) -> None:
         async def one(s: Session) -> None:
             await self.open_session(s)
-            await self.open_stream(s, self.get_request(s), wait_frame=wait_frame)
+            stream = await self.open_stream(s, self.get_request(s), wait_frame=wait_frame)
+            stream.on_lost = self.resume
 
         await gather_checked([one(s) for s in sessions])
 
@@ -1012,6 +1037,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     res["scenario"] = args.scenario
     res["foreign_frames"] = client.rec.foreign
     res["errors"] = client.rec.errors[:5]
+    res["server_closed_streams"] = client.rec.server_closed
     res["error_count"] = len(client.rec.errors)
     res["nofile"] = nofile
     res["total_s"] = round(perf() - t0, 2)
