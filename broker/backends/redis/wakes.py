@@ -169,36 +169,48 @@ class WakeBus:
                 self._handle(message)
 
     async def _read_cluster(self, pubsub: Any) -> None:
-        """One reader per node that holds subscriptions.
+        """One reader per node connection that holds subscriptions.
 
         ``ClusterPubSub.get_sharded_message`` without a node polls the nodes one after another,
         each for the whole timeout (a wake-up on the second node waits for the first one's
         timeout), and returns at once while nothing is subscribed (the loop would never yield).
+        A node's connection is replaced when its last channel is unsubscribed and a new one
+        subscribed, so a reader belongs to one connection object, not to a node name.
         """
-        readers: dict[str, asyncio.Task[None]] = {}
+        readers: dict[str, tuple[Any, asyncio.Task[None]]] = {}
         try:
             while not self._closed:
-                for name in list(pubsub.node_pubsub_mapping):
-                    if name not in readers:
+                mapping = pubsub.node_pubsub_mapping
+                for name, node_pubsub in list(mapping.items()):
+                    current = readers.get(name)
+                    if current is None or current[0] is not node_pubsub:
+                        if current is not None:
+                            current[1].cancel()
                         node = pubsub.cluster.get_node(node_name=name)
-                        readers[name] = asyncio.create_task(self._read_node(pubsub, node), name=f"redis-wakes-{name}")
+                        task = asyncio.create_task(self._read_node(pubsub, node, node_pubsub),
+                                                   name=f"redis-wakes-{name}")
+                        readers[name] = (node_pubsub, task)
                 self._nodes_changed.clear()
-                waiting = [*readers.values(), asyncio.ensure_future(self._nodes_changed.wait())]
-                done, _ = await asyncio.wait(waiting, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                waiting[-1].cancel()
-                for name, task in list(readers.items()):
+                changed = asyncio.ensure_future(self._nodes_changed.wait())
+                tasks = [task for _, task in readers.values()]
+                done, _ = await asyncio.wait([*tasks, changed], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                for name, (_, task) in list(readers.items()):
                     if task in done:
                         del readers[name]
-                        task.result()  # a failed node connection: reconnect everything
+                        if not task.cancelled():
+                            task.result()  # a failed node connection: reconnect everything
         finally:
-            for task in readers.values():
+            for _, task in readers.values():
                 task.cancel()
-            for task in readers.values():
+            for _, task in readers.values():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _read_node(self, pubsub: Any, node: Any) -> None:
-        while not self._closed and node.name in pubsub.node_pubsub_mapping:
+    async def _read_node(self, pubsub: Any, node: Any, node_pubsub: Any) -> None:
+        # get_sharded_message(target_node) reads the node's *current* connection: stop as soon as
+        # it is not this one, so two readers never wait on one connection.
+        while not self._closed and pubsub.node_pubsub_mapping.get(node.name) is node_pubsub:
             with unavailable("pub/sub read"):
                 message = await pubsub.get_sharded_message(timeout=1.0, target_node=node)
             if message is not None:
