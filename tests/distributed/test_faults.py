@@ -153,10 +153,14 @@ async def test_changes_pending_on_a_killed_fanout_worker_are_claimed_and_deliver
             wanted.update(dict(changes))
         started = time.monotonic()
         async with mcp.stream(last_event_id=None) as stream:
-            async with asyncio.timeout(30):
-                while coverage.missing(wanted):
-                    event = await stream.next_message()
-                    coverage.add(event.message, event.id)
+            try:
+                async with asyncio.timeout(30):
+                    while coverage.missing(wanted):
+                        event = await stream.next_message()
+                        coverage.add(event.message, event.id)
+            except TimeoutError:
+                pytest.fail(f"not delivered: {coverage.missing(wanted)}; pending now "
+                            f"{pending_changes(deploy.redis_url)}; resyncs {coverage.without_seq[:5]}")
     print(f"\n[kill -9 fan-out worker] pending changes in the group at the kill {pending_at_kill}; "
           f"all 1000 covered {time.monotonic() - started:.2f}s after the stream opened; "
           f"duplicates {len(coverage.duplicates())}")
