@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,6 +42,7 @@ from broker.protocol.versions import (
     MODERN_VERSIONS,
     PRIMING_VERSIONS,
 )
+from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -78,7 +78,7 @@ class McpEndpoint:
         self.broker = broker
         self.settings = broker.settings
         self.methods = broker.methods
-        self._origins = self._origin_rules(self.settings.allowed_origins)
+        self.origins = OriginPolicy(self.settings.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -90,35 +90,8 @@ class McpEndpoint:
         await response(scope, receive, send)
 
     # -- checks shared by every method ------------------------------------------------------
-    @staticmethod
-    def _origin_rules(origins: list[str]) -> set[tuple[str, str, int | None]]:
-        rules: set[tuple[str, str, int | None]] = set()
-        for origin in origins:
-            parts = urlsplit(origin)
-            if parts.scheme and parts.hostname:
-                rules.add((parts.scheme, parts.hostname, parts.port))
-        return rules
-
-    def origin_allowed(self, origin: str | None) -> bool:
-        """Requests without ``Origin`` are not from a browser.
-
-        An allowed origin matches any port unless it names one.
-        """
-        if origin is None:
-            return True
-        try:
-            parts = urlsplit(origin)
-            port = parts.port
-        except ValueError:
-            return False
-        if not parts.scheme or not parts.hostname:
-            return False
-        return (parts.scheme, parts.hostname, port) in self._origins or (
-            (parts.scheme, parts.hostname, None) in self._origins
-        )
-
     async def handle(self, request: Request) -> Response | SSEResponse:
-        if not self.origin_allowed(request.headers.get("origin")):
+        if not self.origins.allows(request.headers.get("origin")):
             return http_error(403, rpc.INVALID_REQUEST, "Forbidden: Origin not allowed")
         try:
             principal = authenticate(self.settings, request.headers.get("authorization"))
@@ -140,20 +113,6 @@ class McpEndpoint:
         allow = "POST" if modern_header else "GET, POST, DELETE"
         return http_error(405, rpc.INVALID_REQUEST, "Method not allowed", {"Allow": allow})
 
-    async def _body(self, request: Request) -> bytes | Response:
-        limit = self.settings.max_body_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            return http_error(413, rpc.INVALID_REQUEST, f"Request body larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return http_error(413, rpc.INVALID_REQUEST, f"Request body larger than {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     # -- POST -------------------------------------------------------------------------------
     async def post(self, request: Request, principal: Principal, version_header: str | None,
                    modern_header: bool) -> Response | SSEResponse:
@@ -164,9 +123,10 @@ class McpEndpoint:
         content_type = request.headers.get("content-type", "")
         if content_type.split(";")[0].strip().lower() != JSON:
             return http_error(415, rpc.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json")
-        body = await self._body(request)
-        if isinstance(body, Response):
-            return body
+        try:
+            body = await read_body(request, self.settings.max_body_bytes)
+        except BodyTooLarge as exc:
+            return http_error(413, rpc.INVALID_REQUEST, str(exc))
         try:
             obj = rpc.parse_body(body)
         except rpc.RpcError as exc:

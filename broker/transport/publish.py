@@ -3,7 +3,8 @@
 A publisher may call this thousands of times a second, so it is a plain ASGI endpoint:
 measured on this machine, FastAPI's routing, dependency solving and middleware cost more
 than the publish itself (a sync dependency even hopped to a thread for every request).
-Errors keep the REST API's shape: ``{"detail": "..."}`` with 400, 401, 413 or 422.
+Errors keep the REST API's shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign
+``Origin``), 405, 413, 422 or 503.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from broker.changes import Change, ChangeKind
 from broker.core import Broker
 from broker.errors import BackendUnavailable
 from broker.protocol.jsonrpc import RpcError
+from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 
 __all__ = ["ChangesEndpoint"]
 
@@ -43,10 +45,13 @@ class ChangesEndpoint:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.origins = OriginPolicy(broker.settings.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        if request.method != "POST":
+        if not self.origins.allows(request.headers.get("origin")):
+            response = _json({"detail": "Origin not allowed"}, 403)
+        elif request.method != "POST":
             response = _json({"detail": "Method Not Allowed"}, 405, {"Allow": "POST"})
         else:
             try:
@@ -64,9 +69,10 @@ class ChangesEndpoint:
             principal = authenticate(settings, request.headers.get("authorization"))
         except Unauthorized as exc:
             raise Invalid(401, str(exc), {"WWW-Authenticate": "Bearer"}) from exc
-        body = await request.body()
-        if len(body) > settings.max_body_bytes:
-            raise Invalid(413, f"body larger than {settings.max_body_bytes} bytes")
+        try:
+            body = await read_body(request, settings.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise Invalid(413, f"body larger than {exc.limit} bytes") from exc
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

@@ -17,6 +17,7 @@ from broker.auth import Principal, Unauthorized, authenticate
 from broker.core import Broker
 from broker.errors import BackendUnavailable, NotFound
 from broker.resources.records import merge_patch
+from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.uris import collection_uri, record_uri
 
 __all__ = ["build_router"]
@@ -35,8 +36,15 @@ class ORJSONResponse(Response):
 
 
 def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; each handler is a few lines
-    router = APIRouter()
     settings = broker.settings
+    origins = OriginPolicy(settings.allowed_origins)
+
+    async def same_origin(request: Request) -> None:
+        # A page on a foreign origin must not write records through a browser (DNS rebinding).
+        if not origins.allows(request.headers.get("origin")):
+            raise HTTPException(403, "Origin not allowed")
+
+    router = APIRouter(dependencies=[Depends(same_origin)])
 
     async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
         try:
@@ -47,9 +55,10 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
     Caller = Annotated[Principal, Depends(principal)]
 
     async def json_body(request: Request, limit: int) -> Any:
-        body = await request.body()
-        if len(body) > limit:
-            raise HTTPException(413, f"body larger than {limit} bytes")
+        try:
+            body = await read_body(request, limit)
+        except BodyTooLarge as exc:
+            raise HTTPException(413, f"body larger than {limit} bytes") from exc
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError as exc:

@@ -136,3 +136,23 @@ async def test_a_record_write_notifies_the_record_and_its_collection(http: httpx
         await http.delete(f"/collections/{name}/1")
         received = await stream.messages(3)
         assert [e.method for e in received].count("notifications/resources/list_changed") == 1
+
+
+@pytest.mark.parametrize(("method", "path"), [("PUT", "/collections/c/1"), ("POST", "/changes"),
+                                              ("DELETE", "/collections/c/1")])
+async def test_a_page_on_a_foreign_origin_cannot_write(http: httpx.AsyncClient, method: str, path: str) -> None:
+    response = await http.request(method, path, json={"uri": "https://example.com/x"},
+                                  headers={"Origin": "http://evil.example.com"})
+    assert response.status_code == 403
+
+
+async def test_a_local_page_may_publish(http: httpx.AsyncClient) -> None:
+    response = await http.post("/changes", json={"uri": "https://example.com/x"},
+                               headers={"Origin": "http://localhost:5173"})
+    assert response.status_code == 202
+
+
+async def test_a_declared_oversized_change_is_refused_before_it_is_read(http: httpx.AsyncClient) -> None:
+    response = await http.post("/changes", content=b"[" + b" " * (2 << 20) + b"]",
+                               headers={"content-type": "application/json"})
+    assert response.status_code == 413
