@@ -19,6 +19,11 @@ from redis.exceptions import NoScriptError
 
 __all__ = ["Batch"]
 
+#: At most this many calls of one Cluster batch are in flight at once. redis-py refuses a
+#: call at once (MaxConnectionsError, not retried) when a node's pool is exhausted, so a
+#: batch of one call per session must not open one connection per session.
+CLUSTER_CONCURRENCY = 32
+
 
 class _Calls:
     """Stands in for a pipeline on Cluster: records ``pipe.<command>(...)`` calls to await later."""
@@ -66,7 +71,13 @@ class Batch:
         if not len(self.pipe):
             return []
         if self._cluster:
-            replies = await asyncio.gather(*(call() for call in self.pipe.calls), return_exceptions=True)
+            limit = asyncio.Semaphore(CLUSTER_CONCURRENCY)
+
+            async def bounded(call: Callable[[], Awaitable[Any]]) -> Any:
+                async with limit:
+                    return await call()
+
+            replies = await asyncio.gather(*(bounded(call) for call in self.pipe.calls), return_exceptions=True)
             for reply in replies:
                 if isinstance(reply, BaseException):
                     raise reply
