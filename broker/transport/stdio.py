@@ -169,7 +169,7 @@ class StdioServer:
         elif has_modern_meta(obj) or (self.session is None and msg.method not in ("initialize", "ping")):
             await self.start_modern(msg)
         else:
-            reply = await self.legacy(msg)
+            reply = await self.legacy_or_unavailable(msg)
             if reply is not None:
                 await self.reply(reply)
 
@@ -186,7 +186,7 @@ class StdioServer:
             except rpc.RpcError as exc:
                 replies.append(rpc.encode_error(rpc.request_id_of(item), exc))
                 continue
-            reply = await self.legacy(msg)
+            reply = await self.legacy_or_unavailable(msg)
             if reply is not None:
                 replies.append(reply)
         if replies:
@@ -205,6 +205,16 @@ class StdioServer:
             task.cancel()
 
     # -- legacy -----------------------------------------------------------------------------
+    async def legacy_or_unavailable(self, msg: Message) -> bytes | None:
+        """``legacy``, with an outage answered in-band rather than ending the process."""
+        try:
+            return await self.legacy(msg)
+        except BackendUnavailable:
+            if not msg.is_request:
+                logger.warning("backend unavailable: %s dropped", msg.method)
+                return None
+            return rpc.encode_error(msg.id, rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Backend unavailable; retry"))
+
     async def legacy(self, msg: Message) -> bytes | None:
         if msg.method == "initialize" and msg.is_request:
             return await self.initialize(msg)
@@ -235,9 +245,22 @@ class StdioServer:
         return rpc.encode_result(msg.id, self.methods.initialize_result(version))
 
     def start_stream(self) -> None:
-        if self.stream is None and self.session is not None:
-            self.stream = LegacyStream(self.broker.hub, self.session, self.writer, None)
-            self.stream_task = asyncio.create_task(self.stream.run(), name="stdio-legacy-stream")
+        """Start the session's stream, or start it again after it ended (an outage ends it with ``retry:``,
+        which means nothing on stdio, so the broker resumes from the stream's cursor itself)."""
+        if self.session is None or self.broker.hub.closing:
+            return
+        if self.stream_task is not None and not self.stream_task.done():
+            return
+        cursor = None if self.stream is None else self.stream.cursor
+        self.stream = LegacyStream(self.broker.hub, self.session, self.writer, cursor)
+        self.stream_task = asyncio.create_task(self.stream.run(), name="stdio-legacy-stream")
+        self.stream_task.add_done_callback(self._stream_ended)
+
+    def _stream_ended(self, task: asyncio.Task[str]) -> None:
+        reason = None if task.cancelled() or task.exception() is not None else task.result()
+        if reason in ("unavailable", "lost"):
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.broker.settings.retry_ms / 1000, self.start_stream)
 
     # -- modern -----------------------------------------------------------------------------
     async def start_modern(self, msg: Message) -> None:
