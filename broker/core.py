@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from typing import Any
@@ -82,9 +81,8 @@ class Broker:
         await self.hub.shutdown()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A task that died of its own error must not keep the backend open.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.backend.close()
         self.started = False
@@ -99,3 +97,5 @@ class Broker:
                     logger.info("expired %d idle sessions", expired)
             except BackendUnavailable:
                 logger.warning("session expiry skipped: backend unavailable")
+            except Exception:  # the loop's boundary: expiry must go on after any one failure
+                logger.exception("session expiry failed")

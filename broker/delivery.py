@@ -181,9 +181,12 @@ class LegacyStream(_Stream):
         """Serve the stream until it ends; returns why it ended."""
         backend = self.hub.backend
         sid = self.session.id
-        unwatch = await backend.watch(sid, self._on_wake)
+        unwatch: Callable[[], Awaitable[None]] | None = None
         self.hub.legacy[self] = None
+        if self.hub.closing:  # shutdown began while this stream was being set up
+            self.end("shutdown")
         try:
+            unwatch = await backend.watch(sid, self._on_wake)
             loaded = await backend.get_subscriptions(sid)
             self._apply_sub_log(loaded)
             self.subscriptions = loaded
@@ -207,10 +210,11 @@ class LegacyStream(_Stream):
             self.end("unavailable")
         finally:
             self.hub.legacy.pop(self, None)
-            try:
-                await unwatch()
-            except BackendUnavailable:
-                pass
+            if unwatch is not None:
+                try:
+                    await unwatch()
+                except BackendUnavailable:
+                    pass
         if self.ended in ("shutdown", "unavailable", "lost"):
             await self.writer.retry()
         return self.ended or "closed"
@@ -403,8 +407,13 @@ class Hub:
             if loop.time() >= next_touch:
                 next_touch = loop.time() + touch_every
                 sids = [s.session.id for s in self.legacy]
-                if sids or self.listens:
+                if not sids and not self.listens:
+                    self.outage_since = None  # nothing to protect; a later stream starts afresh
+                    continue
+                try:
                     await self._check_backend(sids)
+                except Exception:  # the timer's boundary: keep-alives must outlive any one failure
+                    logger.exception("backend check of open streams failed")
 
     async def _check_backend(self, sids: list[str]) -> None:
         """Refresh the idle clocks of open sessions; this doubles as the health check of open streams."""
@@ -433,9 +442,10 @@ class Hub:
             await asyncio.sleep(0.01)
         if self._timer is not None:
             self._timer.cancel()
-        if self._remove_broadcast is not None:
+        remove, self._remove_broadcast = self._remove_broadcast, None  # shutdown may run twice
+        if remove is not None:
             try:
-                await self._remove_broadcast()
+                await remove()
             except BackendUnavailable:
                 pass
 

@@ -49,11 +49,13 @@ def demo_provider() -> StaticProvider:
 async def run_demo(broker: Broker) -> None:
     tenant = broker.settings.default_tenant
     logger.info("demo: %s changes every %.1fs", record_uri(tenant, COLLECTION, RECORD), broker.settings.demo_interval)
-    await broker.records.put(tenant, COLLECTION, "readme", {"text": "Subscribe to the clock record and watch it tick."})
     tick = 0
     while True:
         tick += 1
         try:
+            if tick == 1:
+                await broker.records.put(tenant, COLLECTION, "readme",
+                                         {"text": "Subscribe to the clock record and watch it tick."})
             await broker.records.put(tenant, COLLECTION, RECORD, {"tick": tick, "time": time.time()})
         except BackendUnavailable:
             logger.warning("demo: backend unavailable")
