@@ -44,6 +44,7 @@ class ChangeLog:
         self.cluster = cluster
         self.partitions = max(settings.changelog_partitions, 1)
         self._rotate = 0
+        self._unreadable: list[str] = []
         # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
         self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
 
@@ -76,9 +77,20 @@ class ChangeLog:
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
         out = []
         for entry_id, fields in entries:
-            if fields and b"c" in fields:
-                out.append((f"{partition}:{_text(entry_id)}", decode_change(fields[b"c"])))
+            change_id = f"{partition}:{_text(entry_id)}"
+            try:
+                out.append((change_id, decode_change(fields[b"c"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                # An entry no version of the broker can read must not hold up its neighbours
+                # (it would be claimed and fail again forever): it is acknowledged and dropped.
+                logger.error("dropping unreadable change-log entry %s: %r", change_id, exc)
+                self._unreadable.append(change_id)
         return out
+
+    async def _drop_unreadable(self) -> None:
+        if self._unreadable:
+            ids, self._unreadable = self._unreadable, []
+            await self.ack(ids)
 
     async def _readgroup(self, consumer: str, partitions: Sequence[int], count: int,
                          block_ms: int | None) -> list[tuple[str, Change]]:
@@ -95,6 +107,7 @@ class ChangeLog:
         out: list[tuple[str, Change]] = []
         for key, entries in reply or ():
             out += self._parse(by_key[_text(key)], entries)
+        await self._drop_unreadable()
         return out
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
@@ -146,6 +159,7 @@ class ChangeLog:
                     continue
                 raise
             claimed += self._parse(partition, reply[1])
+        await self._drop_unreadable()
         return claimed
 
     # -- records ---------------------------------------------------------------------------

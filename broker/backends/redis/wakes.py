@@ -149,7 +149,10 @@ class WakeBus:
         wanted = list(self._channels)
         results = await asyncio.gather(*(self._send_subscribe(ch) for ch in wanted), return_exceptions=True)
         if any(isinstance(result, BaseException) for result in results):
-            return  # the connection failed again; the reader reconnects and comes back here
+            # A channel that is not subscribed would leave its stream deaf: start over. Closing
+            # the connection makes the reader fail, reconnect and come back here.
+            await self._drop()
+            return
         self.reconnects += 1
         logger.info("redis pub/sub reconnected; %d channels re-subscribed", len(wanted))
         try:
