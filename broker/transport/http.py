@@ -101,7 +101,7 @@ class McpEndpoint:
         modern_header = version_header is not None and version_header not in LEGACY_VERSIONS
         method = request.method
         if method == "POST":
-            return await self.post(request, principal, version_header, modern_header)
+            return await self.post(request, principal, version_header)
         if method in ("GET", "DELETE") and modern_header and version_header not in MODERN_VERSIONS:
             # A version nobody speaks is a bad request (DIGEST §3.1), not a modern GET (405).
             return http_error(400, rpc.INVALID_REQUEST,
@@ -114,8 +114,8 @@ class McpEndpoint:
         return http_error(405, rpc.INVALID_REQUEST, "Method not allowed", {"Allow": allow})
 
     # -- POST -------------------------------------------------------------------------------
-    async def post(self, request: Request, principal: Principal, version_header: str | None,
-                   modern_header: bool) -> Response | SSEResponse:
+    async def post(self, request: Request, principal: Principal,
+                   version_header: str | None) -> Response | SSEResponse:
         accept = request.headers.get("accept", "")
         if not (_accepts(accept, JSON) and _accepts(accept, "text/event-stream")):
             return http_error(406, rpc.INVALID_REQUEST,
@@ -131,9 +131,15 @@ class McpEndpoint:
             obj = rpc.parse_body(body)
         except rpc.RpcError as exc:
             return error_response(exc)
+        if version_header in LEGACY_VERSIONS:
+            return await self.post_legacy(request, principal, version_header, obj)
         is_initialize = isinstance(obj, dict) and obj.get("method") == "initialize"
-        if modern_header or (version_header is None and not is_initialize and has_modern_meta(obj)):
+        if version_header in MODERN_VERSIONS or (not is_initialize and has_modern_meta(obj)):
+            # An unknown version with the modern envelope is answered the modern way (-32022).
             return await self.post_modern(request, principal, obj)
+        if version_header is not None:
+            return http_error(400, rpc.INVALID_REQUEST,
+                              f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
         return await self.post_legacy(request, principal, version_header, obj)
 
     async def post_legacy(self, request: Request, principal: Principal, version_header: str | None,
@@ -204,9 +210,6 @@ class McpEndpoint:
         sid = request.headers.get(SESSION_HEADER)
         if not sid:
             return http_error(400, rpc.INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required")
-        if version_header is not None and version_header not in LEGACY_VERSIONS:
-            return http_error(400, rpc.INVALID_REQUEST,
-                              f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
         try:
             return await self.broker.sessions.load(sid, principal)
         except SessionNotFound:

@@ -139,7 +139,9 @@ async def test_an_unknown_session_id_gets_404(http: httpx.AsyncClient) -> None:
 async def test_an_unsupported_protocol_version_header_gets_400(
         mcp: McpSession, http: httpx.AsyncClient, version: str) -> None:
     headers = mcp.headers(**{"MCP-Protocol-Version": version})
-    assert (await mcp.post(PING, **{"MCP-Protocol-Version": version})).status_code == 400
+    response = await mcp.post(PING, **{"MCP-Protocol-Version": version})
+    assert response.status_code == 400
+    assert "unsupported MCP-Protocol-Version" in response.json()["error"]["message"]
     assert (await http.get("/mcp", headers={**headers, "Accept": "text/event-stream"})).status_code == 400
     assert (await http.delete("/mcp", headers=headers)).status_code == 400
     assert await mcp.result("ping") == {}  # the session is still there
