@@ -15,22 +15,25 @@ Deliberate departures from the specification, each with its reason:
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from broker.auth import Principal
 from broker.backends.base import SessionRecord
-from broker.errors import LimitExceeded, NotFound
+from broker.errors import BackendUnavailable, NotFound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
-from broker.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS, negotiate_legacy
+from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.resources.base import BadCursor
 
 if TYPE_CHECKING:
     from broker.core import Broker
 
 __all__ = ["Call", "Methods"]
+
+logger = logging.getLogger(__name__)
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S")
 #: Results of these methods carry the 2026-07-28 caching hints.
@@ -91,7 +94,13 @@ class Methods:
         if method not in known or method == "subscriptions/listen":
             raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
         handler = getattr(self, "_" + method.replace("/", "_"))
-        result: dict[str, Any] = await handler(call, params)
+        try:
+            result: dict[str, Any] = await handler(call, params)
+        except (rpc.RpcError, BackendUnavailable):
+            raise
+        except Exception as exc:  # the method boundary: a provider's bug is an error reply, never a 500
+            logger.exception("%s failed", method)
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Internal error") from exc
         if call.modern:
             result["resultType"] = "complete"
             result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.broker.server_info
@@ -220,11 +229,3 @@ class Methods:
         if len(self.broker.hub.listens) >= self.settings.max_listens:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
                                {"limit": self.settings.max_listens})
-
-    @staticmethod
-    def supported(version: str) -> bool:
-        return version in LEGACY_VERSIONS or version in MODERN_VERSIONS
-
-
-def limit_error(exc: LimitExceeded) -> rpc.RpcError:
-    return rpc.RpcError(rpc.INTERNAL_ERROR, f"Limit reached: {exc}")
