@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     inbox_retention: float = 3600.0
     #: Frames read from an inbox in one go; a slow client's batch coalesces per URI.
     inbox_batch: int = 256
-    #: Live frames one connection may have queued before it is cut with ``retry:``.
+    #: Frames carried by wake-ups that one stream keeps in memory; past that it reads its inbox instead.
     stream_buffer: int = 1024
     keepalive_interval: float = 15.0
     #: The SSE ``retry:`` hint, in milliseconds.

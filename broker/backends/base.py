@@ -27,7 +27,7 @@ Inboxes
     ``append_frames`` appends each session's frames and wakes the stream that watches that
     session in one atomic step per session, so a watcher that registered before reading the
     inbox can never miss a frame (the replay -> live handoff of DESIGN §3). Frames are kept
-    while they are within ``inbox_maxlen`` and ``inbox_retention`` of the newest one.
+    while they are among the newest ``inbox_maxlen`` and younger than ``inbox_retention`` seconds.
     ``read_inbox`` returns frames strictly after a cursor, in offset order, and reports a
     *gap* when the cursor cannot be honoured: another epoch, an offset older than what is
     retained, or an offset beyond the newest frame (data that was lost).

@@ -4,9 +4,9 @@ Pure functions over a parsed message and a header lookup; the HTTP transport cal
 stdio calls the ``_meta`` part (stdio has no headers).
 
 Order of the checks, so that each request gets the most precise error: the ``_meta`` fields
-first (-32602, then -32022 for a version the broker does not speak), then the headers against
-the body (-32020). A header naming a version the broker does not speak while the body names
-one it does is a mismatch, not an unsupported version.
+first (-32602), then the headers against the body (-32020), then the version itself (-32022).
+A header naming a version the broker speaks over a body naming one it does not is a mismatch,
+not an unsupported version (the conformance suite checks exactly this).
 
 -32021 (MissingRequiredClientCapability) is never emitted, by decision: every method the
 broker serves (``server/discover``, ``resources/*``, ``subscriptions/listen``) works for a
