@@ -8,6 +8,7 @@ __all__ = [
     "LimitExceeded",
     "NotFound",
     "SessionNotFound",
+    "WriteConflict",
 ]
 
 
@@ -29,3 +30,7 @@ class NotFound(BrokerError):
 
 class LimitExceeded(BrokerError):
     """A configured bound (sessions, listens, URIs, sizes) would be exceeded."""
+
+
+class WriteConflict(BrokerError):
+    """A conditional write found another value than the one it was based on."""

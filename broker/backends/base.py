@@ -220,8 +220,17 @@ class Backend(Protocol):
     async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]: ...
 
     # -- records ---------------------------------------------------------------------------
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
-        """Store a record and publish ``change`` atomically; True when the record is new."""
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
+                           expect: bytes | None = None) -> bool:
+        """Store a record and publish its change atomically; True when the record is new.
+
+        ``change`` is published as given for a record that existed, and with kind ``created``
+        for a new one: the store, not the caller, knows which. With ``expect``, the write
+        happens only if the stored value is exactly ``expect`` (a compare-and-set).
+
+        Raises:
+            WriteConflict: ``expect`` was given and the stored value differs, or is gone.
+        """
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
 

@@ -17,8 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
-from broker.changes import Change
+from broker.changes import Change, ChangeKind
 from broker.config import Settings
+from broker.errors import WriteConflict
 
 __all__ = ["MemoryBackend"]
 
@@ -277,14 +278,18 @@ class MemoryBackend:
         return remove
 
     # -- records ---------------------------------------------------------------------------
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
+                           expect: bytes | None = None) -> bool:
         key = (tenant, collection)
-        records = self._records.setdefault(key, {})
+        records = self._records.get(key, {})
+        if expect is not None and records.get(record_id) != expect:
+            raise WriteConflict(record_id)
+        records = self._records.setdefault(key, records)
         created = record_id not in records
         records[record_id] = data
         if created:
             bisect.insort(self._record_ids.setdefault(key, []), record_id)
-        await self.publish(change)
+        await self.publish(replace(change, kind=ChangeKind.CREATED) if created else change)
         return created
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:

@@ -13,14 +13,20 @@ import orjson
 from broker.auth import Principal
 from broker.backends.base import Backend
 from broker.changes import Change, ChangeKind
-from broker.errors import NotFound
+from broker.errors import NotFound, WriteConflict
 from broker.uris import SCHEME, collection_uri, parse_record_uri, record_uri
 
-__all__ = ["RecordStore", "RecordsProvider", "merge_patch"]
+__all__ = ["RecordStore", "RecordTooLarge", "RecordsProvider", "merge_patch"]
 
 Json = dict[str, Any]
 #: How many record ids a collection read shows; the full listing is paged by resources/list.
 COLLECTION_READ_LIMIT = 1000
+#: Compare-and-set attempts of one PATCH before it gives up with a conflict.
+PATCH_ATTEMPTS = 8
+
+
+class RecordTooLarge(ValueError):
+    """A record larger than the configured limit."""
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -44,11 +50,37 @@ class RecordStore:
 
     async def put(self, tenant: str, collection: str, record_id: str, value: Any, meta: Json | None = None) -> bool:
         """Store ``value`` (any JSON) as the record; True when it was created."""
-        uri = record_uri(tenant, collection, record_id)
-        data = orjson.dumps(value)
-        existing = await self.backend.read_record(tenant, collection, record_id)
-        kind = ChangeKind.UPDATED if existing is not None else ChangeKind.CREATED
-        return await self.backend.write_record(tenant, collection, record_id, data, Change(tenant, uri, kind, meta))
+        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
+        # The backend publishes it as "created" when the record is new, in the same step.
+        return await self.backend.write_record(tenant, collection, record_id, orjson.dumps(value), change)
+
+    async def patch(self, tenant: str, collection: str, record_id: str, patch: Any, max_bytes: int,
+                    meta: Json | None = None) -> Any:
+        """Apply an RFC 7386 merge patch; returns the new value.
+
+        The write is a compare-and-set against the value the patch was merged into, retried
+        when another writer got there first, so concurrent patches never lose one another.
+
+        Raises:
+            NotFound: the record does not exist.
+            RecordTooLarge: the patched record would exceed ``max_bytes``.
+            WriteConflict: the record kept changing under every attempt.
+        """
+        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
+        for _ in range(PATCH_ATTEMPTS):
+            current = await self.backend.read_record(tenant, collection, record_id)
+            if current is None:
+                raise NotFound(change.uri)
+            value = merge_patch(orjson.loads(current), patch)
+            data = orjson.dumps(value)
+            if len(data) > max_bytes:
+                raise RecordTooLarge(max_bytes)
+            try:
+                await self.backend.write_record(tenant, collection, record_id, data, change, expect=current)
+                return value
+            except WriteConflict:
+                continue
+        raise WriteConflict(record_id)
 
     async def get(self, tenant: str, collection: str, record_id: str) -> Any:
         """The record's value. Raises NotFound."""

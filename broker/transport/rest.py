@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 
 from broker.auth import Principal, Unauthorized, authenticate
 from broker.core import Broker
-from broker.errors import BackendUnavailable, NotFound
-from broker.resources.records import merge_patch
+from broker.errors import BackendUnavailable, NotFound, WriteConflict
+from broker.resources.records import RecordTooLarge
 from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.uris import collection_uri, record_uri
 
@@ -110,13 +110,13 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
         dot_only(name, record_id)
         patch = await json_body(request, settings.max_record_bytes)
         try:
-            current = await broker.records.get(caller.tenant, name, record_id)
+            value = await broker.records.patch(caller.tenant, name, record_id, patch, settings.max_record_bytes)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
-        value = merge_patch(current, patch)
-        if len(orjson.dumps(value)) > settings.max_record_bytes:
-            raise HTTPException(413, f"record larger than {settings.max_record_bytes} bytes")
-        await broker.records.put(caller.tenant, name, record_id, value)
+        except RecordTooLarge as exc:
+            raise HTTPException(413, f"record larger than {settings.max_record_bytes} bytes") from exc
+        except WriteConflict as exc:
+            raise HTTPException(409, "the record kept changing; retry the patch") from exc
         return ORJSONResponse(value)
 
     @router.get("/collections/{name}/{record_id}")

@@ -16,6 +16,7 @@ import pytest
 from broker.backends.base import Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
+from broker.errors import WriteConflict
 from tests.contract.conftest import BACKENDS, make_backend
 
 TIMEOUT = 5.0
@@ -445,13 +446,26 @@ async def test_broadcast_changes_reach_every_handler_until_it_is_removed(backend
 
 
 async def test_writing_a_record_stores_it_and_publishes_its_change(backend: Backend) -> None:
-    created = Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED)
-    updated = Change("t1", "mcpb://t1/P/1", ChangeKind.UPDATED)
-    assert await backend.write_record("t1", "P", "1", b'{"v":1}', created) is True
+    updated = Change("t1", "mcpb://t1/P/1", ChangeKind.UPDATED, {"v": 1})
+    assert await backend.write_record("t1", "P", "1", b'{"v":1}', updated) is True
     assert await backend.write_record("t1", "P", "1", b'{"v":2}', updated) is False
     assert await backend.read_record("t1", "P", "1") == b'{"v":2}'
     assert await backend.read_record("t2", "P", "1") is None
+    # The store knows which write created the record, so it publishes that one as "created".
+    created = Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED, {"v": 1})
     assert [change for _, change in await backend.read_changes("c1", 10, 100)] == [created, updated]
+
+
+async def test_a_conditional_write_happens_only_over_the_expected_value(backend: Backend) -> None:
+    change = Change("t1", "mcpb://t1/P/1")
+    with pytest.raises(WriteConflict):
+        await backend.write_record("t1", "P", "1", b"1", change, expect=b"0")  # nothing to compare with
+    await backend.write_record("t1", "P", "1", b"1", change)
+    with pytest.raises(WriteConflict):
+        await backend.write_record("t1", "P", "1", b"2", change, expect=b"0")
+    assert await backend.write_record("t1", "P", "1", b"2", change, expect=b"1") is False
+    assert await backend.read_record("t1", "P", "1") == b"2"
+    assert len(await backend.read_changes("c1", 10, 100)) == 2  # refused writes publish nothing
 
 
 async def test_deleting_a_record_publishes_only_when_it_existed(backend: Backend) -> None:

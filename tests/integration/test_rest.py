@@ -156,3 +156,4 @@ async def test_a_declared_oversized_change_is_refused_before_it_is_read(http: ht
     response = await http.post("/changes", content=b"[" + b" " * (2 << 20) + b"]",
                                headers={"content-type": "application/json"})
     assert response.status_code == 413
+

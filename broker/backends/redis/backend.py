@@ -515,9 +515,10 @@ class RedisBackend:
                 await self._bus_or_fail().unsubscribe(self.keys.broadcast)
 
     # -- records ---------------------------------------------------------------------------
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
+                           expect: bytes | None = None) -> bool:
         with unavailable("write_record"):
-            return await self.changelog.write_record(tenant, collection, record_id, data, change)
+            return await self.changelog.write_record(tenant, collection, record_id, data, change, expect)
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
         with unavailable("read_record"):

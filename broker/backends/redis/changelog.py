@@ -13,6 +13,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -21,8 +22,9 @@ from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import decode_change, encode_change
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
-from broker.changes import Change
+from broker.changes import Change, ChangeKind
 from broker.config import Settings
+from broker.errors import WriteConflict
 
 __all__ = ["ChangeLog"]
 
@@ -169,11 +171,16 @@ class ChangeLog:
         return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
                 keys.collections(p, tenant), keys.log(p)]
 
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change) -> bool:
-        created = await self.scripts.record_write(
-            keys=self._record_keys(tenant, collection),
-            args=[record_id, data, collection, self.settings.changelog_maxlen, encode_change(change)])
-        return bool(created)
+    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
+                           expect: bytes | None = None) -> bool:
+        args: list[Any] = [record_id, data, collection, self.settings.changelog_maxlen, encode_change(change),
+                           encode_change(replace(change, kind=ChangeKind.CREATED))]
+        if expect is not None:
+            args.append(expect)
+        created = int(await self.scripts.record_write(keys=self._record_keys(tenant, collection), args=args))
+        if created < 0:
+            raise WriteConflict(record_id)
+        return created == 1
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
         data: bytes | None = await self.client.hget(self._record_keys(tenant, collection)[0], record_id)
