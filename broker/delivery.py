@@ -347,11 +347,8 @@ class Listen(_Stream):
             while self.ended is None:
                 if self.pending:
                     pending, self.pending = self.pending, {}
-                    for data in pending.values():
-                        # A cancel may land while a send waits on a slow client: nothing more after it.
-                        if self.ended is not None:
-                            break
-                        await self.writer.send(data)
+                    # One write for all of them, so a cancel cannot land between two frames.
+                    await self.writer.send_many([(data, None) for data in pending.values()])
                 else:
                     await self._wait()
             if self.ended == "shutdown":

@@ -47,6 +47,16 @@ def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[s
     return updates, listed
 
 
+def newest(changes: Sequence[Change]) -> list[Change]:
+    """The batch as listens need it: the newest change of each URI (and kind of change), in order."""
+    latest: dict[tuple[str, str, bool], Change] = {}
+    for change in changes:
+        key = (change.tenant, change.uri, change.kind is ChangeKind.UPDATED)
+        latest.pop(key, None)
+        latest[key] = change
+    return list(latest.values())
+
+
 def update_frame(uri: str, change: Change) -> Frame:
     params: dict[str, Any] = {"uri": uri}
     if change.meta:
@@ -69,22 +79,22 @@ class Fanout:
         changes = [change for _, change in batch]
         updates, listed = plan(changes)
         frames: list[tuple[str, Frame]] = []
-        stale: list[tuple[str, str, str]] = []
+        found: dict[str, dict[str, list[str]]] = {}
         for tenant, by_uri in updates.items():
-            subscribers = await self.backend.subscribers(tenant, list(by_uri))
+            subscribers = found[tenant] = await self.backend.subscribers(tenant, list(by_uri))
             for uri, sids in subscribers.items():
                 frame = update_frame(uri, by_uri[uri])
                 frames.extend((sid, frame) for sid in sids)
-                stale.extend((sid, tenant, uri) for sid in sids)
         for tenant in listed:
             frames.extend((sid, LIST_CHANGED) for sid in await self.backend.tenant_sessions(tenant))
         gone = set(await self.backend.append_frames(frames)) if frames else set()
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does that).
-            for sid, tenant, uri in stale:
-                if sid in gone:
-                    await self.backend.remove_subscription(sid, tenant, uri)
-        await self.backend.broadcast(changes)
+            for tenant, subscribers in found.items():
+                for uri, sids in subscribers.items():
+                    for sid in gone.intersection(sids):
+                        await self.backend.remove_subscription(sid, tenant, uri)
+        await self.backend.broadcast(newest(changes))
         await self.backend.ack_changes([change_id for change_id, _ in batch])
         self.processed += len(batch)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import secrets
 import time
 from collections import deque
@@ -199,7 +200,7 @@ class MemoryBackend:
             return InboxRead(self.epoch, [], True, inbox.head)
         # Offsets are contiguous, so the first frame after the cursor sits at a known position.
         start = after + 1 - earliest
-        frames = [(off, frame) for off, frame, _ in list(entries)[start : start + limit]]
+        frames = [(off, frame) for off, frame, _ in itertools.islice(entries, start, start + limit)]
         return InboxRead(self.epoch, frames, False, inbox.head)
 
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:

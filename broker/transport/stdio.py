@@ -108,8 +108,7 @@ class StdioWriter:
         await self.output.put(message)
 
     async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
-        for message, _ in items:
-            await self.output.put(message)
+        await self.output.put(b"\n".join(message for message, _ in items))
 
     async def comment(self) -> None:
         """No keep-alives: stdio has no intermediaries to time out."""

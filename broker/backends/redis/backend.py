@@ -359,8 +359,12 @@ class RedisBackend:
     # -- inboxes and wake-ups ------------------------------------------------------------
     async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         per_session: dict[str, list[bytes]] = {}
+        packed: dict[int, bytes] = {}  # fan-out shares one Frame among its subscribers: pack it once
         for sid, frame in batch:
-            per_session.setdefault(sid, []).append(encode_frame(frame))
+            data = packed.get(id(frame))
+            if data is None:
+                data = packed[id(frame)] = encode_frame(frame)
+            per_session.setdefault(sid, []).append(data)
         if not per_session:
             return []
         now_ms = int(time.time() * 1000)
