@@ -68,10 +68,12 @@ from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
     decode_changes,
     decode_entry,
+    decode_node_wakes,
     decode_session,
     decode_wakes,
     encode_changes,
     encode_frame,
+    encode_node_wakes,
     encode_session,
     encode_session_fields,
     entry_offset,
@@ -113,6 +115,9 @@ class RedisBackend:
         self._bus: WakeBus | None = None
         self._watchers: dict[str, list[WakeHandler]] = {}
         self._watching: dict[str, asyncio.Task[None]] = {}
+        #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
+        self.node = secrets.token_hex(6)
+        self._node_channel: asyncio.Future[None] | None = None
         self._broadcast: list[BroadcastHandler] = []
         self._broadcasting: asyncio.Task[None] | None = None
         ttl_ms = int(settings.session_ttl * 1000)
@@ -254,6 +259,8 @@ class RedisBackend:
         with unavailable("restore_session"):
             record.epoch = await self.refresh_epoch()
             fields = [*encode_session(record), "head", "0", "reg", int(now * 1000)]
+            if not self.cluster and record.id in self._watchers:
+                fields += ["node", self.node]  # the restoring stream watches it here
             batch = Batch(self.redis)
             for uri in uris:
                 batch.pipe.sadd(self.keys.index(record.tenant, uri), record.id)
@@ -369,11 +376,12 @@ class RedisBackend:
             return []
         now_ms = int(time.time() * 1000)
         cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
-        head = [self.publish_command, self.settings.inbox_maxlen, now_ms, cutoff_ms]
         # One script call per session costs the client ~40 us to pack and parse; on a single
-        # node a call carries up to APPEND_SESSIONS_PER_CALL sessions instead. In a Cluster a
-        # script may only touch one slot, so each session is its own call there.
+        # node a call carries up to APPEND_SESSIONS_PER_CALL sessions instead, and the wake-ups
+        # go out afterwards, one message per watching worker (see _publish_wakes). In a Cluster
+        # a script may only touch one slot, so each session is its own call, publishing itself.
         per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
+        head = [self.publish_command if self.cluster else "", self.settings.inbox_maxlen, now_ms, cutoff_ms]
         sids = list(per_session)
         with unavailable("append_frames"):
             calls = Batch(self.redis)
@@ -388,8 +396,30 @@ class RedisBackend:
                     args += frames
                 calls.call(self.scripts.inbox_append, keys, args)
             results = await calls.execute()
-        heads = [int(h) for result in results for h in result]
+            replies = [value for result in results for value in result]
+            heads = [int(h) for h in replies[0::2]]
+            if not self.cluster:
+                await self._publish_wakes(sids, heads, [_text(node) for node in replies[1::2]], per_session)
         return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
+
+    async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
+                             frames: dict[str, list[bytes]]) -> None:
+        """One wake-up message per worker node for a whole batch, after the appends.
+
+        Publishing after the append script (rather than inside it) keeps the handoff: a stream
+        registers its node before it reads the inbox, so a frame appended later is either in
+        that read or announced to the node afterwards.
+        """
+        by_node: dict[str, list[tuple[str, int, bytes]]] = {}
+        for sid, head, node in zip(sids, heads, nodes, strict=True):
+            if head >= 0 and node:
+                count = len(frames[sid])
+                by_node.setdefault(node, []).append((sid, head - count + 1, b"".join(frames[sid])))
+        if by_node:
+            batch = Batch(self.redis)
+            for node, entries in by_node.items():
+                batch.pipe.execute_command(self.publish_command, self.keys.node_wake(node), encode_node_wakes(entries))
+            await batch.execute()
 
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
         keys = self.keys.session(session_id)
@@ -425,6 +455,27 @@ class RedisBackend:
 
         return dispatch
 
+    def _on_node_message(self, payload: bytes) -> None:
+        for session_id, wakes in decode_node_wakes(payload):
+            handlers = self._watchers.get(session_id)
+            if handlers:
+                self._deliver(session_id, handlers, wakes)
+
+    async def _watch_node(self, session_id: str) -> None:
+        """Single node: this process's channel is subscribed, then the session names this process.
+
+        In that order, so a frame appended once the session names the node is always announced
+        to a subscribed channel (fan-out publishes after its append).
+        """
+        pending = self._node_channel
+        if pending is None or (pending.done() and (pending.cancelled() or pending.exception() is not None)):
+            channel = self.keys.node_wake(self.node)
+            pending = self._node_channel = asyncio.ensure_future(
+                self._bus_or_fail().subscribe(channel, self._on_node_message))
+        await asyncio.shield(pending)
+        with unavailable("watch"):
+            await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=["node", self.node])
+
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
         """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
         bus = self._bus_or_fail()
@@ -432,11 +483,14 @@ class RedisBackend:
         handlers.append(handler)
         subscribing = self._watching.get(session_id)
         if subscribing is None:
+            # Takeovers and subscription changes (and, on Cluster, frames) come on the session's channel.
             channel = self.keys.wake(session_id)
             subscribing = asyncio.ensure_future(bus.subscribe(channel, self._on_wake_message(session_id)))
             self._watching[session_id] = subscribing
         try:
             await asyncio.shield(subscribing)
+            if not self.cluster:
+                await self._watch_node(session_id)
         except BaseException:
             await self._unwatch(session_id, handler)
             raise

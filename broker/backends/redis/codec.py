@@ -144,3 +144,19 @@ def encode_changes(changes: Sequence[Change]) -> bytes:
 
 def decode_changes(packed: bytes) -> list[Change]:
     return [Change.from_wire(wire) for wire in msgpack.unpackb(packed, raw=False)]
+
+
+def encode_node_wakes(entries: Sequence[tuple[str, int, bytes]]) -> bytes:
+    """The frame wake-ups of one batch for one worker node: (session id, first offset, packed frames)."""
+    packed: bytes = msgpack.packb(entries)
+    return packed
+
+
+def decode_node_wakes(payload: bytes) -> list[tuple[str, list[Wake]]]:
+    """Per session, the frame wake-ups in one message of a node channel (empty for a malformed one)."""
+    try:
+        entries = msgpack.unpackb(payload, raw=False)
+        return [(sid, [Wake("frames", first + i, frame=frame) for i, frame in enumerate(_frames(packed))])
+                for sid, first, packed in entries]
+    except (ValueError, TypeError):
+        return []

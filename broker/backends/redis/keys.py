@@ -62,6 +62,10 @@ class Keys:
     def wake(self, session_id: str) -> str:
         return f"{self.prefix}:{{s:{session_id}}}:wake"
 
+    def node_wake(self, node: str) -> str:
+        """The channel of one worker process: frame wake-ups of the sessions it watches (single node)."""
+        return f"{self.prefix}:{{w:{node}}}:wake"
+
     def wake_session(self, channel: str) -> str | None:
         """The session id a wake channel belongs to, or None for another channel."""
         head, tail = f"{self.prefix}:{{s:", "}:wake"
