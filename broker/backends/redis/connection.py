@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rexc
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -101,7 +101,11 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
         # The pub/sub reader reconnects itself (and re-subscribes); it must see every failure.
         common["retry"] = Retry(ExponentialBackoff(), 0)
     if scheme in ("redis", "rediss", "unix"):
-        return Redis.from_url(url, max_connections=settings.redis_max_connections, **common), False
+        # A blocking pool: a burst of more concurrent calls than connections (a reconnect storm)
+        # waits for a free connection, where the default pool refused at once (a 503 per call).
+        pool = BlockingConnectionPool.from_url(url, max_connections=settings.redis_max_connections,
+                                               timeout=settings.redis_socket_timeout, **common)
+        return Redis(connection_pool=pool), False
     creds = _credentials(parts.netloc)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
         path = [p for p in parts.path.split("/") if p]
