@@ -48,6 +48,7 @@ from broker.backends.base import Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import BackendUnavailable
+from broker.frames import LIST_CHANGED, update_frame
 from broker.protocol import messages
 from broker.uris import notify_targets
 
@@ -482,8 +483,5 @@ class Hub:
     # -- legacy -------------------------------------------------------------------------
     async def resync_frames(self, session: SessionRecord) -> list[Frame]:
         uris = sorted(await self.backend.get_subscriptions(session.id))
-        frames = [Frame("u:" + uri, messages.notification("notifications/resources/updated", {"uri": uri}))
-                  for uri in uris]
-        frames.append(Frame("l", messages.notification("notifications/resources/list_changed")))
-        return frames
+        return [*(update_frame(uri) for uri in uris), LIST_CHANGED]
 

@@ -17,21 +17,17 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
-from typing import Any
 
 from broker.backends.base import Backend, Frame
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import BackendUnavailable
-from broker.protocol.messages import notification
+from broker.frames import LIST_CHANGED, update_frame
 from broker.uris import notify_targets
 
 __all__ = ["Fanout", "plan"]
 
 logger = logging.getLogger(__name__)
-
-LIST_CHANGED = Frame("l", notification("notifications/resources/list_changed"))
-
 
 def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[str]]:
     """Per tenant, the URIs to notify (each with the newest change behind it), and the tenants whose lists changed."""
@@ -57,13 +53,6 @@ def newest(changes: Sequence[Change]) -> list[Change]:
     return list(latest.values())
 
 
-def update_frame(uri: str, change: Change) -> Frame:
-    params: dict[str, Any] = {"uri": uri}
-    if change.meta:
-        params["_meta"] = change.meta
-    return Frame("u:" + uri, notification("notifications/resources/updated", params))
-
-
 class Fanout:
     """One fan-out consumer. ``run`` loops until cancelled; ``process`` handles one batch."""
 
@@ -83,7 +72,7 @@ class Fanout:
         for tenant, by_uri in updates.items():
             subscribers = found[tenant] = await self.backend.subscribers(tenant, list(by_uri))
             for uri, sids in subscribers.items():
-                frame = update_frame(uri, by_uri[uri])
+                frame = update_frame(uri, by_uri[uri].meta)
                 frames.extend((sid, frame) for sid in sids)
         for tenant in listed:
             frames.extend((sid, LIST_CHANGED) for sid in await self.backend.tenant_sessions(tenant))

@@ -7,7 +7,7 @@ backend; the hot path never builds a JSON string twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
 
@@ -106,8 +106,8 @@ def request_id_of(obj: Any) -> Id | None:
     """The id of a possibly malformed message, when it can be read (for the error reply)."""
     if isinstance(obj, dict):
         value = obj.get("id")
-        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
+        if _valid_id(value):
+            return cast(Id, value)
     return None
 
 

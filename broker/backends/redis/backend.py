@@ -66,6 +66,7 @@ from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionReco
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
+    as_text,
     decode_changes,
     decode_entry,
     decode_node_wakes,
@@ -91,10 +92,6 @@ logger = logging.getLogger(__name__)
 
 #: Sessions per ``inbox_append`` call on a single node: few enough that one call stays short.
 APPEND_SESSIONS_PER_CALL = 64
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class RedisBackend:
@@ -166,7 +163,7 @@ class RedisBackend:
 
     async def refresh_epoch(self) -> str:
         """Read the epoch, creating a new one when Redis lost it; updates ``self.epoch``."""
-        epoch = _text(await self.scripts.get_or_set(keys=[self.keys.epoch], args=[secrets.token_hex(4)]))
+        epoch = as_text(await self.scripts.get_or_set(keys=[self.keys.epoch], args=[secrets.token_hex(4)]))
         if self.epoch and epoch != self.epoch:
             logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
         self.epoch = epoch
@@ -202,7 +199,7 @@ class RedisBackend:
             batch.call(self.scripts.session_create, [keys.meta, keys.subs, keys.inbox], [self._ttl_ms, *fields])
             batch.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
             batch.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
-            epoch = _text((await batch.execute())[0])
+            epoch = as_text((await batch.execute())[0])
             if epoch != self.epoch:
                 logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
                 self.epoch = record.epoch = epoch
@@ -245,8 +242,8 @@ class RedisBackend:
             ended = await self.scripts.session_delete(keys=[keys.meta, keys.subs, keys.inbox])
             if not ended:
                 return False
-            tenant = _text(ended[0])
-            await self._unindex(session_id, tenant, [_text(uri) for uri in ended[1:]])
+            tenant = as_text(ended[0])
+            await self._unindex(session_id, tenant, [as_text(uri) for uri in ended[1:]])
         return True
 
     async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
@@ -305,7 +302,7 @@ class RedisBackend:
             candidates = await self.redis.zrangebyscore(self.keys.registry, "-inf", horizon, start=0, num=500)
             if not candidates:
                 return 0
-            members = [_text(m).partition(" ") for m in candidates]
+            members = [as_text(m).partition(" ") for m in candidates]
             probe = Batch(self.redis)
             for sid, _, _ in members:
                 keys = self.keys.session(sid)
@@ -317,7 +314,7 @@ class RedisBackend:
                 if found[2 * i]:
                     continue  # alive: its deadline is an upper bound, not the expiry
                 keys = self.keys.session(sid)
-                await self._unindex(sid, tenant, [_text(u) for u in found[2 * i + 1]])
+                await self._unindex(sid, tenant, [as_text(u) for u in found[2 * i + 1]])
                 await self.redis.delete(keys.subs, keys.inbox)
                 gone += 1
         return gone
@@ -348,7 +345,7 @@ class RedisBackend:
         keys = self.keys.session(session_id)
         with unavailable("get_subscriptions"):
             uris = await self.scripts.subscriptions_get(keys=[keys.meta, keys.subs])
-        return {_text(uri) for uri in uris}
+        return {as_text(uri) for uri in uris}
 
     async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
         with unavailable("subscribers"):
@@ -356,12 +353,12 @@ class RedisBackend:
             for uri in uris:
                 batch.pipe.smembers(self.keys.index(tenant, uri))
             members = await batch.execute()
-        return {uri: [_text(sid) for sid in sids] for uri, sids in zip(uris, members, strict=True) if sids}
+        return {uri: [as_text(sid) for sid in sids] for uri, sids in zip(uris, members, strict=True) if sids}
 
     async def tenant_sessions(self, tenant: str) -> list[str]:
         with unavailable("tenant_sessions"):
             sids = await self.redis.zrangebyscore(self.keys.tenant_sessions(tenant), time.time(), "+inf")
-        return [_text(sid) for sid in sids]
+        return [as_text(sid) for sid in sids]
 
     # -- inboxes and wake-ups ------------------------------------------------------------
     async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
@@ -399,7 +396,7 @@ class RedisBackend:
             replies = [value for result in results for value in result]
             heads = [int(h) for h in replies[0::2]]
             if not self.cluster:
-                await self._publish_wakes(sids, heads, [_text(node) for node in replies[1::2]], per_session)
+                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::2]], per_session)
         return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
 
     async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
@@ -428,7 +425,7 @@ class RedisBackend:
             if not found:
                 # A vanished session: maybe Redis lost everything, so agree on the epoch again.
                 return InboxRead(await self.refresh_epoch(), [], True, 0, gone=True)
-        session_epoch, head, entries = _text(found[0]), int(found[1]), found[2]
+        session_epoch, head, entries = as_text(found[0]), int(found[1]), found[2]
         gap = InboxRead(session_epoch, [], True, head)
         if epoch != session_epoch or after > head or after < head - self.settings.inbox_maxlen:
             return gap

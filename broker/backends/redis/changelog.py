@@ -19,7 +19,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from broker.backends.redis.batch import Batch
-from broker.backends.redis.codec import decode_change, encode_change
+from broker.backends.redis.codec import as_text, decode_change, encode_change
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change, ChangeKind
@@ -29,10 +29,6 @@ from broker.errors import WriteConflict
 __all__ = ["ChangeLog"]
 
 logger = logging.getLogger(__name__)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class ChangeLog:
@@ -54,7 +50,7 @@ class ChangeLog:
         stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
         if int(stored) != self.partitions:
             logger.warning("change log has %s partitions in redis; changelog_partitions=%d is ignored",
-                           _text(stored), self.partitions)
+                           as_text(stored), self.partitions)
             self.partitions = int(stored)
         await self.create_groups()
 
@@ -74,12 +70,12 @@ class ChangeLog:
         partition = self.partition(change.tenant)
         entry_id = await self.client.xadd(self.keys.log(partition), {"c": encode_change(change)},
                                           maxlen=self.settings.changelog_maxlen, approximate=True)
-        return f"{partition}:{_text(entry_id)}"
+        return f"{partition}:{as_text(entry_id)}"
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
         out = []
         for entry_id, fields in entries:
-            change_id = f"{partition}:{_text(entry_id)}"
+            change_id = f"{partition}:{as_text(entry_id)}"
             try:
                 out.append((change_id, decode_change(fields[b"c"])))
             except (KeyError, TypeError, ValueError) as exc:
@@ -108,7 +104,7 @@ class ChangeLog:
             reply = await self.client.xreadgroup(FANOUT_GROUP, consumer, streams, count=count, block=block_ms)
         out: list[tuple[str, Change]] = []
         for key, entries in reply or ():
-            out += self._parse(by_key[_text(key)], entries)
+            out += self._parse(by_key[as_text(key)], entries)
         await self._drop_unreadable()
         return out
 
@@ -197,8 +193,8 @@ class ChangeLog:
             return []
         key = self._record_keys(tenant, collection)[1]
         ids = await self.client.zrangebylex(key, f"({after}" if after else "-", "+", start=0, num=limit)
-        return [_text(i) for i in ids]
+        return [as_text(i) for i in ids]
 
     async def list_collections(self, tenant: str) -> list[str]:
         names = await self.client.zrange(self.keys.collections(self.partition(tenant), tenant), 0, -1)
-        return [_text(n) for n in names]
+        return [as_text(n) for n in names]

@@ -102,6 +102,11 @@ def _frames(packed: bytes) -> Iterator[Frame]:
         yield Frame(key, data)
 
 
+def as_text(value: bytes | str) -> str:
+    """A reply value as ``str`` (redis-py returns bytes, fakeredis sometimes str)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def entry_offset(entry_id: bytes) -> int:
     """An inbox entry id ``<offset>-0`` as its offset."""
     return int(entry_id.split(b"-", 1)[0])
