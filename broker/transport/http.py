@@ -42,6 +42,7 @@ from broker.protocol.versions import (
     MODERN_VERSIONS,
     PRIMING_VERSIONS,
 )
+from broker.transport.batches import answer_batch, encode_batch
 from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.transport.sse import SSEResponse, SSEWriter
 
@@ -172,24 +173,18 @@ class McpEndpoint:
             return error_response(rpc.RpcError(
                 rpc.INVALID_REQUEST, f"Invalid Request: batches are not part of {session.protocol_version}",
                 status=400))
-        replies: list[bytes] = []
         call = Call(principal, False, session)
-        for item in items:
-            try:
-                msg = rpc.parse_message(item)
-            except rpc.RpcError as exc:
-                replies.append(rpc.encode_error(rpc.request_id_of(item), exc))
-                continue
-            if msg.method == "initialize":
-                replies.append(rpc.encode_error(msg.id, rpc.RpcError(rpc.INVALID_REQUEST,
-                                                                     "initialize must not be batched")))
-            elif msg.is_request:
-                replies.append(await self._legacy_request(call, msg))
-            else:
-                await self._legacy_notification(session.id, msg)
+
+        async def handle(msg: Message) -> bytes | None:
+            if msg.is_request:
+                return await self._legacy_request(call, msg)
+            await self._legacy_notification(session.id, msg)
+            return None
+
+        replies = await answer_batch(items, handle)
         if not replies:
             return Response(status_code=202)
-        return json_response(b"[" + b",".join(replies) + b"]")
+        return json_response(encode_batch(replies))
 
     async def initialize(self, principal: Principal, msg: Message) -> Response:
         if not msg.is_request:

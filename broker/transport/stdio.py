@@ -44,6 +44,7 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta, has_modern_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import BATCH_VERSIONS
+from broker.transport.batches import answer_batch, encode_batch
 
 __all__ = ["StdioServer", "StdioWriter", "serve_stdio"]
 
@@ -178,18 +179,9 @@ class StdioServer:
             error = rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: batches are only part of 2025-03-26")
             await self.reply(rpc.encode_error(None, error))
             return
-        replies: list[bytes] = []
-        for item in items:
-            try:
-                msg = rpc.parse_message(item)
-            except rpc.RpcError as exc:
-                replies.append(rpc.encode_error(rpc.request_id_of(item), exc))
-                continue
-            reply = await self.legacy_or_unavailable(msg)
-            if reply is not None:
-                replies.append(reply)
+        replies = await answer_batch(items, self.legacy_or_unavailable)
         if replies:
-            await self.reply(b"[" + b",".join(replies) + b"]")
+            await self.reply(encode_batch(replies))
 
     def cancel(self, request_id: Any) -> None:
         """Cancel a modern request, a listen above all; unknown or finished ids are ignored (spec)."""
