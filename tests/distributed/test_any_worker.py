@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -17,32 +16,11 @@ from tests.distributed.conftest import Deployment
 from tests.distributed.scenario import any_worker_scenario, served, steer, uris
 from tests.integration.mcp_http import McpSession, StreamEnded, publish
 from tests.integration.modern import listen, put_record
+from tests.sdk_inbox import Inbox
 
 # resources/subscribe is deprecated by 2026-07-28 only; the legacy era is what is under test.
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
-TIMEOUT = 10.0
-
-
-class Inbox:
-    """What the SDK client's message handler received, waited on by condition."""
-
-    def __init__(self) -> None:
-        self.messages: list[object] = []
-        self._changed = asyncio.Condition()
-
-    async def handler(self, message: object) -> None:
-        async with self._changed:
-            self.messages.append(message)
-            self._changed.notify_all()
-
-    async def updated(self, uri: str) -> None:
-        def found() -> bool:
-            return any(isinstance(m, types.ResourceUpdatedNotification) and str(m.params.uri) == uri
-                       for m in self.messages)
-
-        async with asyncio.timeout(TIMEOUT), self._changed:
-            await self._changed.wait_for(found)
 
 
 @asynccontextmanager
@@ -62,7 +40,7 @@ async def test_the_sdk_client_is_served_by_every_worker_and_notified_of_changes_
         await client.subscribe_resource(uri)
         for price in (2, 3):
             assert (await http.put(f"/collections/{name}/42", json={"price": price})).status_code == 200
-        await inbox.updated(uri)
+        await inbox.wait_for(types.ResourceUpdatedNotification, uri)
         # Reads agree whichever worker answers them.
         values = [json.loads((await client.read_resource(uri, cache_mode="bypass")).contents[0].text)  # type: ignore[union-attr]
                   for _ in range(3)]

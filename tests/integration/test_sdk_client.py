@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -13,39 +12,12 @@ import pytest
 from mcp import MCPError, types
 from mcp.client.client import Client
 
+from tests.sdk_inbox import Inbox
 from tests.support import BrokerProcess
 
 # resources/subscribe is deprecated by 2026-07-28 only; the legacy era is what is under test.
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
-TIMEOUT = 10.0
-
-
-class Inbox:
-    """What the client's message handler received, waited on by condition."""
-
-    def __init__(self) -> None:
-        self.messages: list[object] = []
-        self._changed = asyncio.Condition()
-
-    async def handler(self, message: object) -> None:
-        async with self._changed:
-            self.messages.append(message)
-            self._changed.notify_all()
-
-    async def wait_for(self, kind: type, uri: str | None = None) -> object:
-        def match() -> object | None:
-            for message in self.messages:
-                if isinstance(message, kind) and (uri is None or str(message.params.uri) == uri):  # type: ignore[attr-defined]
-                    return message
-            return None
-
-        async with asyncio.timeout(TIMEOUT), self._changed:
-            await self._changed.wait_for(lambda: match() is not None)
-            return match()
-
-    def updated(self) -> list[str]:
-        return [str(m.params.uri) for m in self.messages if isinstance(m, types.ResourceUpdatedNotification)]
 
 
 @asynccontextmanager
