@@ -420,14 +420,15 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
             if HAVE_TASKSET
             else "no CPU pinning available."
         ),
-        '- Median of the repeats, spread (min–max) in brackets. "x SDK" = broker figure / SDK figure.',
-        "- Listen frames carry no `seq`/`ts` on either server (see below); they are matched to publishes",
-        "  by URI and arrival order, exact only while nothing is coalesced.",
+        '- Median of the repeats, spread (min–max) in brackets. "x SDK" = broker figure / SDK figure:',
+        "  below 1 is better for latency, CPU and memory, above 1 for throughput.",
+        "- The broker's listen frames carry the change's `seq`/`ts`; the SDK's do not (see below), so its",
+        "  listen frames are matched to publishes by URI and arrival order.",
         "",
         "## Machine",
         "",
         *[f"- {k}: {v}" for k, v in m.items()],
-        f"- repeats: {meta['repeats']}; run at {meta['when']}; took {meta['took_min']:.1f} min",
+        f"- repeats: {meta.get('note') or meta['repeats']}; run at {meta['when']}",
         "",
     ]
     for point, by_server in results.items():
