@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -29,18 +28,6 @@ MODERN = "2026-07-28"
 TIMEOUT = 10.0
 
 
-@pytest.fixture(scope="module")
-def modern_broker() -> Iterator[BrokerProcess]:
-    with BrokerProcess() as proc:
-        yield proc
-
-
-@pytest.fixture
-async def rest(modern_broker: BrokerProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=modern_broker.url, timeout=TIMEOUT) as client:
-        yield client
-
-
 def sdk_client(proc: BrokerProcess, **kwargs: Any) -> Client:
     """An SDK client pinned to 2026-07-28; entered inside each test (its task group must not span tasks)."""
     return Client(proc.mcp_url, mode=MODERN, read_timeout_seconds=TIMEOUT, **kwargs)
@@ -50,8 +37,8 @@ async def next_event(sub: Subscription) -> Any:
     return await asyncio.wait_for(anext(sub), TIMEOUT)
 
 
-async def test_the_sdk_probe_finds_a_modern_server_with_truthful_capabilities(modern_broker: BrokerProcess) -> None:
-    async with Client(modern_broker.mcp_url, mode="auto", read_timeout_seconds=TIMEOUT) as sdk:
+async def test_the_sdk_probe_finds_a_modern_server_with_truthful_capabilities(broker: BrokerProcess) -> None:
+    async with Client(broker.mcp_url, mode="auto", read_timeout_seconds=TIMEOUT) as sdk:
         assert sdk.protocol_version == MODERN  # server/discover answered, no initialize fallback
         assert sdk.server_info is not None and sdk.server_info.name == "mcp-broker"
         resources = sdk.server_capabilities.resources
@@ -59,9 +46,9 @@ async def test_the_sdk_probe_finds_a_modern_server_with_truthful_capabilities(mo
         assert sdk.server_capabilities.tools is None and sdk.server_capabilities.prompts is None
 
 
-async def test_read_and_list_work_for_a_modern_client(modern_broker: BrokerProcess, rest: httpx.AsyncClient) -> None:
-    async with sdk_client(modern_broker) as client:
-        uri = await put_record(rest, "http-read", "one", {"n": 1})
+async def test_read_and_list_work_for_a_modern_client(broker: BrokerProcess, http: httpx.AsyncClient) -> None:
+    async with sdk_client(broker) as client:
+        uri = await put_record(http, "http-read", "one", {"n": 1})
         read = await client.read_resource(uri)
         assert read.contents[0].text == '{"n":1}'  # type: ignore[union-attr]
         listed = await client.list_resources()
@@ -69,52 +56,52 @@ async def test_read_and_list_work_for_a_modern_client(modern_broker: BrokerProce
 
 
 async def test_a_listen_is_acknowledged_then_notified_of_a_change(
-    modern_broker: BrokerProcess, rest: httpx.AsyncClient
+    broker: BrokerProcess, http: httpx.AsyncClient
 ) -> None:
-    async with sdk_client(modern_broker) as client:
-        uri = await put_record(rest, "http-listen", "a", {"v": 0})
+    async with sdk_client(broker) as client:
+        uri = await put_record(http, "http-listen", "a", {"v": 0})
         async with client.listen(resource_subscriptions=[uri], tools_list_changed=True) as sub:
             # The broker has no tools: the ack honours only the URI subscription.
             assert sub.honored.resource_subscriptions == [uri]
             assert not sub.honored.tools_list_changed
-            await put_record(rest, "http-listen", "a", {"v": 1})
+            await put_record(http, "http-listen", "a", {"v": 1})
             assert await next_event(sub) == ResourceUpdated(uri=uri)
 
 
 async def test_two_listens_side_by_side_receive_only_their_own_uris(
-    modern_broker: BrokerProcess, rest: httpx.AsyncClient
+    broker: BrokerProcess, http: httpx.AsyncClient
 ) -> None:
-    async with sdk_client(modern_broker) as client:
-        uri_a = await put_record(rest, "http-two", "a", {})
-        uri_b = await put_record(rest, "http-two", "b", {})
+    async with sdk_client(broker) as client:
+        uri_a = await put_record(http, "http-two", "a", {})
+        uri_b = await put_record(http, "http-two", "b", {})
         async with client.listen(resource_subscriptions=[uri_a]) as sub_a, \
                 client.listen(resource_subscriptions=[uri_b]) as sub_b:
             assert sub_a.subscription_id != sub_b.subscription_id
-            await put_record(rest, "http-two", "a", {"v": 1})
-            await put_record(rest, "http-two", "b", {"v": 1})
+            await put_record(http, "http-two", "a", {"v": 1})
+            await put_record(http, "http-two", "b", {"v": 1})
             assert await next_event(sub_a) == ResourceUpdated(uri=uri_a)
             # b's change was published after a's: had a's reached this listen, it would come first.
             assert await next_event(sub_b) == ResourceUpdated(uri=uri_b)
 
 
-async def test_closing_a_listen_frees_it_on_the_broker(modern_broker: BrokerProcess, rest: httpx.AsyncClient) -> None:
-    async with sdk_client(modern_broker) as client:
-        uri = await put_record(rest, "http-close", "a", {})
-        await wait_listens(rest, 0)
+async def test_closing_a_listen_frees_it_on_the_broker(broker: BrokerProcess, http: httpx.AsyncClient) -> None:
+    async with sdk_client(broker) as client:
+        uri = await put_record(http, "http-close", "a", {})
+        await wait_listens(http, 0)
         async with client.listen(resource_subscriptions=[uri]) as kept:
             async with client.listen(resource_subscriptions=[uri]):
-                assert await listen_count(rest) == 2
-            await wait_listens(rest, 1)
-            await put_record(rest, "http-close", "a", {"v": 1})
+                assert await listen_count(http) == 2
+            await wait_listens(http, 1)
+            await put_record(http, "http-close", "a", {"v": 1})
             assert await next_event(kept) == ResourceUpdated(uri=uri)
-        await wait_listens(rest, 0)
+        await wait_listens(http, 0)
 
 
 async def test_shutdown_ends_an_open_listen_with_the_complete_result() -> None:
     with BrokerProcess() as proc:
-        async with httpx.AsyncClient(base_url=proc.url, timeout=TIMEOUT) as rest, \
+        async with httpx.AsyncClient(base_url=proc.url, timeout=TIMEOUT) as http, \
                 Client(proc.mcp_url, mode=MODERN, read_timeout_seconds=TIMEOUT) as sdk:
-            uri = await put_record(rest, "http-stop", "a", {})
+            uri = await put_record(http, "http-stop", "a", {})
             async with sdk.listen(resource_subscriptions=[uri]) as sub:
                 proc.proc.send_signal(signal.SIGTERM)
                 # A graceful end stops the iteration; a bare disconnect would raise SubscriptionLost.
@@ -128,9 +115,9 @@ async def test_shutdown_ends_an_open_listen_with_the_complete_result() -> None:
 
 async def test_the_complete_result_carries_the_listen_id_verbatim() -> None:
     with BrokerProcess() as proc:
-        async with httpx.AsyncClient(base_url=proc.url, timeout=TIMEOUT) as rest:
-            uri = await put_record(rest, "http-stop", "raw", {})
-            async with listen(rest, [uri], id_=7) as numeric, listen(rest, [uri], id_="7") as text:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=TIMEOUT) as http:
+            uri = await put_record(http, "http-stop", "raw", {})
+            async with listen(http, [uri], id_=7) as numeric, listen(http, [uri], id_="7") as text:
                 for stream, id_ in ((numeric, 7), (text, "7")):
                     ack = await stream.next()
                     assert ack is not None and ack["params"]["_meta"][SUBSCRIPTION_ID] == id_
@@ -149,10 +136,10 @@ async def test_the_complete_result_carries_the_listen_id_verbatim() -> None:
 
 
 async def test_a_legacy_and_a_modern_client_both_hear_of_one_change(
-    modern_broker: BrokerProcess, rest: httpx.AsyncClient
+    broker: BrokerProcess, http: httpx.AsyncClient
 ) -> None:
-    async with sdk_client(modern_broker) as client:
-        uri = await put_record(rest, "http-eras", "shared", {})
+    async with sdk_client(broker) as client:
+        uri = await put_record(http, "http-eras", "shared", {})
         legacy_heard = asyncio.Event()
 
         async def on_message(message: Any) -> None:
@@ -160,7 +147,7 @@ async def test_a_legacy_and_a_modern_client_both_hear_of_one_change(
                 if str(message.params.uri) == uri:
                     legacy_heard.set()
 
-        async with Client(modern_broker.mcp_url, mode="legacy", message_handler=on_message,
+        async with Client(broker.mcp_url, mode="legacy", message_handler=on_message,
                           read_timeout_seconds=TIMEOUT) as legacy:
             assert legacy.protocol_version != MODERN
             with pytest.warns(MCPDeprecationWarning):
@@ -168,29 +155,29 @@ async def test_a_legacy_and_a_modern_client_both_hear_of_one_change(
             async with client.listen(resource_subscriptions=[uri]) as sub:
                 # The legacy GET stream opens in the background: wait until the broker holds it.
                 async with asyncio.timeout(TIMEOUT):
-                    while (await rest.get("/healthz")).json()["streams"] < 1:
+                    while (await http.get("/healthz")).json()["streams"] < 1:
                         await asyncio.sleep(0.02)
-                await put_record(rest, "http-eras", "shared", {"v": 1})
+                await put_record(http, "http-eras", "shared", {"v": 1})
                 assert await next_event(sub) == ResourceUpdated(uri=uri)
                 await asyncio.wait_for(legacy_heard.wait(), TIMEOUT)
 
 
-async def test_listen_streams_send_keepalive_comments_unbuffered(rest: httpx.AsyncClient) -> None:
-    async with listen(rest, ["mcpb://default/http-keepalive/a"]) as stream:
+async def test_listen_streams_send_keepalive_comments_unbuffered(http: httpx.AsyncClient) -> None:
+    async with listen(http, ["mcpb://default/http-keepalive/a"]) as stream:
         assert stream.response.headers["x-accel-buffering"] == "no"
         assert (await stream.next()) is not None  # the ack
         await stream.wait_comment()  # the test broker sends one every second
 
 
-async def test_every_result_carries_result_type_and_server_info(rest: httpx.AsyncClient) -> None:
-    uri = await put_record(rest, "http-shape", "a", {})
+async def test_every_result_carries_result_type_and_server_info(http: httpx.AsyncClient) -> None:
+    uri = await put_record(http, "http-shape", "a", {})
     for method, params, name in [
         ("server/discover", {}, None),
         ("resources/list", {}, None),
         ("resources/templates/list", {}, None),
         ("resources/read", {"uri": uri}, uri),
     ]:
-        response = await call(rest, method, params, name=name)
+        response = await call(http, method, params, name=name)
         assert response.status_code == 200, response.text
         result = response.json()["result"]
         assert result["resultType"] == "complete", method
