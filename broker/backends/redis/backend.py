@@ -62,16 +62,14 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
+from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, WakeHandler
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
     as_text,
     decode_changes,
     decode_entry,
-    decode_node_wakes,
     decode_session,
-    decode_wakes,
     encode_changes,
     encode_frame,
     encode_node_wakes,
@@ -83,6 +81,7 @@ from broker.backends.redis.connection import ClientFactory, open_clients, unavai
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
+from broker.backends.redis.watchers import Watchers
 from broker.changes import Change
 from broker.config import Settings
 
@@ -110,11 +109,7 @@ class RedisBackend:
         self.sharded = True
         self.publish_command = "SPUBLISH"
         self._bus: WakeBus | None = None
-        self._watchers: dict[str, list[WakeHandler]] = {}
-        self._watching: dict[str, asyncio.Task[None]] = {}
-        #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
-        self.node = secrets.token_hex(6)
-        self._node_channel: asyncio.Future[None] | None = None
+        self.watchers = Watchers(self.keys, self.scripts, self._bus_or_fail, cluster=self.cluster)
         self._broadcast: list[BroadcastHandler] = []
         self._broadcasting: asyncio.Task[None] | None = None
         ttl_ms = int(settings.session_ttl * 1000)
@@ -179,8 +174,7 @@ class RedisBackend:
             with unavailable("epoch check"):
                 await self.refresh_epoch()
         finally:
-            for sid, handlers in list(self._watchers.items()):
-                self._deliver(sid, handlers, [Wake("frames", 0)])
+            self.watchers.wake_all()
 
     # -- sessions -----------------------------------------------------------------------
     def _registry_deadline(self, now: float) -> float:
@@ -256,8 +250,8 @@ class RedisBackend:
         with unavailable("restore_session"):
             record.epoch = await self.refresh_epoch()
             fields = [*encode_session(record), "head", "0", "reg", int(now * 1000)]
-            if not self.cluster and record.id in self._watchers:
-                fields += ["node", self.node]  # the restoring stream watches it here
+            if not self.cluster and self.watchers.watches(record.id):
+                fields += ["node", self.watchers.node]  # the restoring stream watches it here
             batch = Batch(self.redis)
             for uri in uris:
                 batch.pipe.sadd(self.keys.index(record.tenant, uri), record.id)
@@ -439,76 +433,9 @@ class RedisBackend:
         frames = [(entry_offset(entry_id), decode_entry(fields)) for entry_id, fields in entries[:limit]]
         return InboxRead(session_epoch, frames, False, head)
 
-    def _deliver(self, session_id: str, handlers: Sequence[WakeHandler], wakes: Sequence[Wake]) -> None:
-        for handler in list(handlers):
-            for wake in wakes:
-                handler(wake)
-
-    def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
-        def dispatch(payload: bytes) -> None:
-            handlers = self._watchers.get(session_id)
-            if handlers:
-                self._deliver(session_id, handlers, decode_wakes(payload))
-
-        return dispatch
-
-    def _on_node_message(self, payload: bytes) -> None:
-        for session_id, wakes in decode_node_wakes(payload):
-            handlers = self._watchers.get(session_id)
-            if handlers:
-                self._deliver(session_id, handlers, wakes)
-
-    async def _watch_node(self, session_id: str) -> None:
-        """Single node: this process's channel is subscribed, then the session names this process.
-
-        In that order, so a frame appended once the session names the node is always announced
-        to a subscribed channel (fan-out publishes after its append).
-        """
-        pending = self._node_channel
-        if pending is None or (pending.done() and (pending.cancelled() or pending.exception() is not None)):
-            channel = self.keys.node_wake(self.node)
-            pending = self._node_channel = asyncio.ensure_future(
-                self._bus_or_fail().subscribe(channel, self._on_node_message))
-        await asyncio.shield(pending)
-        with unavailable("watch"):
-            await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=["node", self.node])
-
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
         """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
-        bus = self._bus_or_fail()
-        handlers = self._watchers.setdefault(session_id, [])
-        handlers.append(handler)
-        subscribing = self._watching.get(session_id)
-        if subscribing is None:
-            # Takeovers and subscription changes (and, on Cluster, frames) come on the session's channel.
-            channel = self.keys.wake(session_id)
-            subscribing = asyncio.ensure_future(bus.subscribe(channel, self._on_wake_message(session_id)))
-            self._watching[session_id] = subscribing
-        try:
-            await asyncio.shield(subscribing)
-            if not self.cluster:
-                await self._watch_node(session_id)
-        except BaseException:
-            await self._unwatch(session_id, handler)
-            raise
-
-        async def unwatch() -> None:
-            await self._unwatch(session_id, handler)
-
-        return unwatch
-
-    async def _unwatch(self, session_id: str, handler: WakeHandler) -> None:
-        handlers = self._watchers.get(session_id)
-        if handlers is None or handler not in handlers:
-            return
-        handlers.remove(handler)
-        if handlers:
-            return
-        del self._watchers[session_id]
-        subscribing = self._watching.pop(session_id, None)
-        if subscribing is not None and subscribing.done() and not subscribing.cancelled() \
-                and subscribing.exception() is None:
-            await self._bus_or_fail().unsubscribe(self.keys.wake(session_id))
+        return await self.watchers.watch(session_id, handler)
 
     async def claim_stream(self, session_id: str, owner: str) -> bool:
         keys = self.keys.session(session_id)

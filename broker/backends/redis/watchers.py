@@ -1,0 +1,113 @@
+"""The sessions this process watches: wake-up handlers, their channels, and this process's node channel.
+
+Takeovers and subscription changes (and, on Cluster, frames) come on a session's own channel;
+on a single node, frames come on this process's node channel, one message per fan-out batch,
+for every session whose record names this node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+
+from broker.backends.base import Wake, WakeHandler
+from broker.backends.redis.codec import decode_node_wakes, decode_wakes
+from broker.backends.redis.connection import unavailable
+from broker.backends.redis.keys import Keys
+from broker.backends.redis.scripts import Scripts
+from broker.backends.redis.wakes import WakeBus
+
+__all__ = ["Watchers"]
+
+
+class Watchers:
+    def __init__(self, keys: Keys, scripts: Scripts, bus: Callable[[], WakeBus], *, cluster: bool) -> None:
+        self.keys = keys
+        self.scripts = scripts
+        self._bus = bus
+        self.cluster = cluster
+        self._watchers: dict[str, list[WakeHandler]] = {}
+        self._watching: dict[str, asyncio.Task[None]] = {}
+        #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
+        self.node = secrets.token_hex(6)
+        self._node_channel: asyncio.Future[None] | None = None
+
+    def watches(self, session_id: str) -> bool:
+        return session_id in self._watchers
+
+    def wake_all(self) -> None:
+        """Every watched stream re-reads its inbox (wake-ups may have been lost, e.g. during a reconnect)."""
+        for sid, handlers in list(self._watchers.items()):
+            self._deliver(sid, handlers, [Wake("frames", 0)])
+
+    def _deliver(self, session_id: str, handlers: Sequence[WakeHandler], wakes: Sequence[Wake]) -> None:
+        for handler in list(handlers):
+            for wake in wakes:
+                handler(wake)
+
+    def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
+        def dispatch(payload: bytes) -> None:
+            handlers = self._watchers.get(session_id)
+            if handlers:
+                self._deliver(session_id, handlers, decode_wakes(payload))
+
+        return dispatch
+
+    def _on_node_message(self, payload: bytes) -> None:
+        for session_id, wakes in decode_node_wakes(payload):
+            handlers = self._watchers.get(session_id)
+            if handlers:
+                self._deliver(session_id, handlers, wakes)
+
+    async def _watch_node(self, session_id: str) -> None:
+        """Single node: this process's channel is subscribed, then the session names this process.
+
+        In that order, so a frame appended once the session names the node is always announced
+        to a subscribed channel (fan-out publishes after its append).
+        """
+        pending = self._node_channel
+        if pending is None or (pending.done() and (pending.cancelled() or pending.exception() is not None)):
+            channel = self.keys.node_wake(self.node)
+            pending = self._node_channel = asyncio.ensure_future(
+                self._bus().subscribe(channel, self._on_node_message))
+        await asyncio.shield(pending)
+        with unavailable("watch"):
+            await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=["node", self.node])
+
+    async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
+        """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
+        bus = self._bus()
+        handlers = self._watchers.setdefault(session_id, [])
+        handlers.append(handler)
+        subscribing = self._watching.get(session_id)
+        if subscribing is None:
+            # Takeovers and subscription changes (and, on Cluster, frames) come on the session's channel.
+            channel = self.keys.wake(session_id)
+            subscribing = asyncio.ensure_future(bus.subscribe(channel, self._on_wake_message(session_id)))
+            self._watching[session_id] = subscribing
+        try:
+            await asyncio.shield(subscribing)
+            if not self.cluster:
+                await self._watch_node(session_id)
+        except BaseException:
+            await self._unwatch(session_id, handler)
+            raise
+
+        async def unwatch() -> None:
+            await self._unwatch(session_id, handler)
+
+        return unwatch
+
+    async def _unwatch(self, session_id: str, handler: WakeHandler) -> None:
+        handlers = self._watchers.get(session_id)
+        if handlers is None or handler not in handlers:
+            return
+        handlers.remove(handler)
+        if handlers:
+            return
+        del self._watchers[session_id]
+        subscribing = self._watching.pop(session_id, None)
+        if subscribing is not None and subscribing.done() and not subscribing.cancelled() \
+                and subscribing.exception() is None:
+            await self._bus().unsubscribe(self.keys.wake(session_id))
