@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from broker.auth import Principal
 from broker.backends.base import SessionRecord
-from broker.errors import BackendUnavailable, NotFound
+from broker.errors import BackendUnavailable, LimitExceeded, NotFound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
@@ -174,11 +174,11 @@ class Methods:
         self.check_watch(call, uri)
         session = self._session(call)
         limit = self.settings.max_subscriptions_per_session
-        subs = await self.broker.backend.get_subscriptions(session.id)
-        if uri not in subs and len(subs) >= limit:
+        try:
+            await self.broker.backend.add_subscription(session.id, session.tenant, uri, limit)
+        except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"Subscription limit reached: {limit} URIs per session",
-                               {"limit": limit})
-        await self.broker.backend.add_subscription(session.id, session.tenant, uri)
+                               {"limit": limit}) from exc
         return {}
 
     async def _resources_unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:

@@ -176,8 +176,13 @@ class Backend(Protocol):
         """Remove sessions idle longer than the TTL; returns how many (a no-op where the store expires keys)."""
 
     # -- subscriptions --------------------------------------------------------------------
-    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
-        """Subscribe; returns the session's subscription count after the call."""
+    async def add_subscription(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
+        """Subscribe; returns the session's subscription count after the call (0: the session is gone).
+
+        Raises:
+            LimitExceeded: ``uri`` is new and the session already has ``limit`` (when > 0) subscriptions;
+                nothing changes then. The check and the add are one atomic step.
+        """
 
     async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None: ...
 

@@ -20,7 +20,7 @@ from typing import Any
 from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import WriteConflict
+from broker.errors import LimitExceeded, WriteConflict
 
 __all__ = ["MemoryBackend"]
 
@@ -128,10 +128,12 @@ class MemoryBackend:
         return time.monotonic() - self._seen.get(session_id, 0.0) > self.settings.session_ttl
 
     # -- subscriptions --------------------------------------------------------------------
-    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
+    async def add_subscription(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
         subs = self._subs.get(session_id)
         if subs is None:
             return 0
+        if limit and uri not in subs and len(subs) >= limit:
+            raise LimitExceeded(f"at most {limit} subscriptions per session")
         subs.add(uri)
         self._index.setdefault((tenant, uri), set()).add(session_id)
         self._wake(session_id, Wake("subscribe", uri=uri))

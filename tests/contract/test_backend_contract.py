@@ -16,7 +16,7 @@ import pytest
 from broker.backends.base import Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import WriteConflict
+from broker.errors import LimitExceeded, WriteConflict
 from tests.contract.conftest import BACKENDS, make_backend
 
 TIMEOUT = 5.0
@@ -151,6 +151,17 @@ async def test_subscribing_updates_the_session_and_the_index_and_is_idempotent(b
     assert await backend.add_subscription(sid, "t1", "x:b") == 2
     assert await backend.get_subscriptions(sid) == {"x:a", "x:b"}
     assert await backend.subscribers("t1", ["x:a", "x:b", "x:c"]) == {"x:a": [sid], "x:b": [sid]}
+
+
+async def test_the_subscription_limit_is_checked_in_the_same_step_as_the_add(backend: Backend) -> None:
+    sid = await open_session(backend)
+    results = await asyncio.gather(*(backend.add_subscription(sid, "t1", f"x:{i}", limit=3) for i in range(8)),
+                                   return_exceptions=True)
+    assert sum(isinstance(r, LimitExceeded) for r in results) == 5
+    assert len(await backend.get_subscriptions(sid)) == 3
+    assert await backend.add_subscription(sid, "t1", sorted(await backend.get_subscriptions(sid))[0], limit=3) == 3
+    refused = {f"x:{i}" for i in range(8)} - await backend.get_subscriptions(sid)
+    assert await backend.subscribers("t1", sorted(refused)) == {}  # a refused add leaves no index entry
 
 
 async def test_unsubscribing_updates_both_and_is_idempotent(backend: Backend) -> None:

@@ -84,6 +84,7 @@ from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
 from broker.changes import Change
 from broker.config import Settings
+from broker.errors import LimitExceeded
 
 __all__ = ["RedisBackend"]
 
@@ -314,17 +315,20 @@ class RedisBackend:
         return gone
 
     # -- subscriptions --------------------------------------------------------------------
-    async def add_subscription(self, session_id: str, tenant: str, uri: str) -> int:
+    async def add_subscription(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
         keys = self.keys.session(session_id)
         index = self.keys.index(tenant, uri)
         with unavailable("add_subscription"):
             batch = Batch(self.redis)
             batch.pipe.sadd(index, session_id)
             batch.call(self.scripts.subscription_add, [keys.meta, keys.subs, keys.wake],
-                       [uri, self._grace_ms, self.publish_command])
-            count = int((await batch.execute())[1])
-            if count == 0:
-                await self.redis.srem(index, session_id)  # the session is gone: undo the index entry
+                       [uri, self._grace_ms, self.publish_command, limit])
+            added, count = (await batch.execute())[:2]
+            count = int(count)
+            if count <= 0 and int(added):
+                await self.redis.srem(index, session_id)  # gone or refused: undo the new index entry
+        if count < 0:
+            raise LimitExceeded(f"at most {limit} subscriptions per session")
         return count
 
     async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None:
