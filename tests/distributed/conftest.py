@@ -91,6 +91,12 @@ class Deployment:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.proxy is not None:
             self.proxy.stop()
@@ -109,40 +115,35 @@ def _needs_redis() -> None:
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
     """One deployment shared by the tests of a module that break nothing."""
-    deploy = Deployment()
-    yield deploy
-    deploy.close()
+    with Deployment() as deploy:
+        yield deploy
 
 
 @pytest.fixture
 def own_deployment() -> Iterator[Deployment]:
     """A deployment of this test alone: it may kill workers and stop Redis."""
-    deploy = Deployment()
-    yield deploy
-    deploy.close()
+    with Deployment() as deploy:
+        yield deploy
 
 
 @pytest.fixture
 def own_deployment_large_inbox() -> Iterator[Deployment]:
     """Inboxes long enough that a client who missed a burst of 1,000 never meets a gap."""
-    deploy = Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "5000"})
-    yield deploy
-    deploy.close()
+    with Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "5000"}) as deploy:
+        yield deploy
 
 
 @pytest.fixture
 def own_deployment_small_inbox() -> Iterator[Deployment]:
-    deploy = Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "500"})
-    yield deploy
-    deploy.close()
+    with Deployment(env={"MCP_BROKER_INBOX_MAXLEN": "500"}) as deploy:
+        yield deploy
 
 
 @pytest.fixture
 def own_deployment_slow_grace() -> Iterator[Deployment]:
     """Streams outlive a short Redis restart (the outage grace is longer than the restart)."""
-    deploy = Deployment(env={"MCP_BROKER_OUTAGE_GRACE": "10"})
-    yield deploy
-    deploy.close()
+    with Deployment(env={"MCP_BROKER_OUTAGE_GRACE": "10"}) as deploy:
+        yield deploy
 
 
 @pytest.fixture
