@@ -6,6 +6,11 @@ notifies the record's subscribers and its collection's.
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -21,8 +26,11 @@ __all__ = ["RecordStore", "RecordTooLarge", "RecordsProvider", "merge_patch"]
 Json = dict[str, Any]
 #: How many record ids a collection read shows; the full listing is paged by resources/list.
 COLLECTION_READ_LIMIT = 1000
-#: Compare-and-set attempts of one PATCH before it gives up with a conflict.
-PATCH_ATTEMPTS = 8
+#: How long one PATCH keeps retrying its compare-and-set while other workers win, in seconds.
+PATCH_PATIENCE = 5.0
+#: The first and the largest pause between two attempts; each pause is drawn at random below
+#: a ceiling that doubles, so workers that collided once don't collide again in step.
+PATCH_BACKOFF = (0.001, 0.05)
 
 
 class RecordTooLarge(ValueError):
@@ -42,11 +50,38 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+class _Turn:
+    """One record's queue of patches in this worker."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class RecordStore:
     """Reads and writes records for the REST API, the CLI and the demo."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        # Patches of one record queue here, so within a worker they take turns instead of
+        # racing; compare-and-set only arbitrates between workers.
+        self._turns: dict[tuple[str, str, str], _Turn] = {}
+
+    @asynccontextmanager
+    async def _turn(self, key: tuple[str, str, str]) -> AsyncIterator[None]:
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = _Turn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[key]
 
     async def put(self, tenant: str, collection: str, record_id: str, value: Any, meta: Json | None = None) -> bool:
         """Store ``value`` (any JSON) as the record; True when it was created."""
@@ -58,29 +93,36 @@ class RecordStore:
                     meta: Json | None = None) -> Any:
         """Apply an RFC 7386 merge patch; returns the new value.
 
-        The write is a compare-and-set against the value the patch was merged into, retried
-        when another writer got there first, so concurrent patches never lose one another.
+        Patches of one record take turns within this worker. The write is a compare-and-set
+        against the value the patch was merged into; when a writer on another worker got there
+        first, the patch is merged again into the newer value after a short random pause, so
+        concurrent patches never lose one another.
 
         Raises:
             NotFound: the record does not exist.
             RecordTooLarge: the patched record would exceed ``max_bytes``.
-            WriteConflict: the record kept changing under every attempt.
+            WriteConflict: the record kept changing for ``PATCH_PATIENCE`` seconds.
         """
         change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
-        for _ in range(PATCH_ATTEMPTS):
-            current = await self.backend.read_record(tenant, collection, record_id)
-            if current is None:
-                raise NotFound(change.uri)
-            value = merge_patch(orjson.loads(current), patch)
-            data = orjson.dumps(value)
-            if len(data) > max_bytes:
-                raise RecordTooLarge(max_bytes)
-            try:
-                await self.backend.write_record(tenant, collection, record_id, data, change, expect=current)
-                return value
-            except WriteConflict:
-                continue
-        raise WriteConflict(record_id)
+        deadline = time.monotonic() + PATCH_PATIENCE
+        ceiling = PATCH_BACKOFF[0]
+        async with self._turn((tenant, collection, record_id)):
+            while True:
+                current = await self.backend.read_record(tenant, collection, record_id)
+                if current is None:
+                    raise NotFound(change.uri)
+                value = merge_patch(orjson.loads(current), patch)
+                data = orjson.dumps(value)
+                if len(data) > max_bytes:
+                    raise RecordTooLarge(max_bytes)
+                try:
+                    await self.backend.write_record(tenant, collection, record_id, data, change, expect=current)
+                    return value
+                except WriteConflict:
+                    if time.monotonic() >= deadline:
+                        raise
+                await asyncio.sleep(random.uniform(0, ceiling))
+                ceiling = min(ceiling * 2, PATCH_BACKOFF[1])
 
     async def get(self, tenant: str, collection: str, record_id: str) -> Any:
         """The record's value. Raises NotFound."""
