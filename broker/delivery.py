@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final, Protocol
@@ -146,7 +145,9 @@ class LegacyStream(_Stream):
         self.cursor = cursor or 0
         self._from_head = cursor is None
         self._priming = priming
-        self.token = secrets.token_hex(8)
+        #: This stream's claim generation, once the claim returned; the newest takeover seen before.
+        self.generation: int | None = None
+        self._superseded = 0
         self._resync_first = resync
         self._live: list[tuple[int, Frame]] = []
         self._expect: int | None = None
@@ -158,7 +159,10 @@ class LegacyStream(_Stream):
 
     def _on_wake(self, wake: Wake) -> None:
         if wake.kind == "takeover":
-            if wake.owner != self.token:
+            # A wake may arrive before our own claim returns: remember it, judge it then.
+            if self.generation is None:
+                self._superseded = max(self._superseded, wake.generation)
+            elif wake.generation > self.generation:
                 self.end("takeover")
             return
         if wake.kind in ("subscribe", "unsubscribe"):
@@ -191,7 +195,11 @@ class LegacyStream(_Stream):
             loaded = await backend.get_subscriptions(sid)
             self._apply_sub_log(loaded)
             self.subscriptions = loaded
-            had_stream = await backend.claim_stream(sid, self.token)
+            claim = await backend.claim_stream(sid)
+            self.generation = claim.generation
+            if self._superseded > claim.generation:
+                self.end("takeover")
+            had_stream = claim.had_stream
             # A resync stands for everything up to the head: what is older is not replayed as well.
             if self._resync_first or (self._from_head and had_stream):
                 self.cursor = (await backend.read_inbox(sid, self.session.epoch, 0, 0)).head

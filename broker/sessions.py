@@ -59,4 +59,4 @@ class Sessions:
     async def end(self, session_id: str) -> None:
         await self.backend.delete_session(session_id)
         # Wake the stream of the session, wherever it is, so it closes.
-        await self.backend.claim_stream(session_id, "")
+        await self.backend.claim_stream(session_id)

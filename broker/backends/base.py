@@ -62,10 +62,12 @@ from typing import Any, Protocol
 from broker.changes import Change
 
 __all__ = [
+    "CLOSE_ALL",
     "Backend",
     "Frame",
     "InboxRead",
     "SessionRecord",
+    "StreamClaim",
     "Wake",
     "WakeHandler",
 ]
@@ -120,17 +122,32 @@ class InboxRead:
 class Wake:
     """A wake-up for the stream watching a session.
 
-    ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (another stream,
-    ``owner``, now holds the session; the receiver must close unless it is that owner), or
-    ``subscribe`` / ``unsubscribe`` (``uri`` joined or left the session's subscriptions).
+    ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (the stream that
+    claimed the session as ``generation`` now holds it; every stream of an older generation
+    must close), or ``subscribe`` / ``unsubscribe`` (``uri`` joined or left the session's
+    subscriptions).
     """
 
     kind: str
     offset: int = 0
-    owner: str = ""
+    generation: int = 0
     uri: str = ""
     #: The frame at ``offset``, when the backend can carry it (saves the stream a read).
     frame: Frame | None = None
+
+
+#: The generation of a takeover that closes every stream of the session (it was deleted).
+CLOSE_ALL = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClaim:
+    """The outcome of ``claim_stream``."""
+
+    #: Whether the session had a stream before this claim.
+    had_stream: bool
+    #: This claim's generation; larger than every earlier claim's of the session.
+    generation: int
 
 
 WakeHandler = Callable[[Wake], None]
@@ -205,10 +222,12 @@ class Backend(Protocol):
         Returns only once the watch is active, so frames appended afterwards are never missed.
         """
 
-    async def claim_stream(self, session_id: str, owner: str) -> bool:
-        """Make ``owner`` the one live stream of the session and tell the previous one (a ``takeover`` wake).
+    async def claim_stream(self, session_id: str) -> StreamClaim:
+        """Make the caller the one live stream of the session: a ``takeover`` wake with a new generation.
 
-        Returns whether the session had a stream before.
+        Generations only grow, so of two streams claiming at once exactly the later one stays,
+        whichever order their wakes arrive in. For a session that no longer exists the wake
+        carries ``CLOSE_ALL``.
         """
 
     # -- change log and fan-out ------------------------------------------------------------

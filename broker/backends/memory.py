@@ -17,7 +17,16 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, Wake, WakeHandler
+from broker.backends.base import (
+    CLOSE_ALL,
+    BroadcastHandler,
+    Frame,
+    InboxRead,
+    SessionRecord,
+    StreamClaim,
+    Wake,
+    WakeHandler,
+)
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import LimitExceeded, WriteConflict
@@ -47,7 +56,8 @@ class MemoryBackend:
         self._by_tenant: dict[str, set[str]] = {}
         self._inboxes: dict[str, _Inbox] = {}
         self._watchers: dict[str, list[WakeHandler]] = {}
-        self._owners: dict[str, str] = {}
+        self._generations: dict[str, int] = {}
+        self._generation = 0
         self._log_seq = 0
         self._log: deque[tuple[str, Change]] = deque()
         self._pending: dict[str, tuple[str, float, Change]] = {}
@@ -102,7 +112,7 @@ class MemoryBackend:
         if tenant is not None:
             tenant.discard(session_id)
         self._inboxes.pop(session_id, None)
-        self._owners.pop(session_id, None)
+        self._generations.pop(session_id, None)
         return True
 
     async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
@@ -218,13 +228,16 @@ class MemoryBackend:
 
         return unwatch
 
-    async def claim_stream(self, session_id: str, owner: str) -> bool:
-        had = session_id in self._owners
+    async def claim_stream(self, session_id: str) -> StreamClaim:
+        had = session_id in self._generations
         if session_id in self._sessions:
-            self._owners[session_id] = owner
+            self._generation += 1
+            generation = self._generations[session_id] = self._generation
+        else:
+            generation = CLOSE_ALL
         for handler in list(self._watchers.get(session_id, ())):
-            handler(Wake("takeover", owner=owner))
-        return had
+            handler(Wake("takeover", generation=generation))
+        return StreamClaim(had, generation)
 
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str:

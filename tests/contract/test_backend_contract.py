@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from broker.backends.base import Backend, Frame, SessionRecord, Wake
+from broker.backends.base import CLOSE_ALL, Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import LimitExceeded, WriteConflict
@@ -312,12 +312,37 @@ async def test_an_ended_watch_is_no_longer_woken(backend: Backend) -> None:
 
 async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: Backend) -> None:
     sid = await open_session(backend)
-    assert await backend.claim_stream(sid, "first") is False
+    first = await backend.claim_stream(sid)
+    assert first.had_stream is False
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
     unwatch = await backend.watch(sid, wakes.put_nowait)
-    assert await backend.claim_stream(sid, "second") is True
+    second = await backend.claim_stream(sid)
+    assert second.had_stream is True and second.generation > first.generation
     wake = await next_wake(wakes)
-    assert (wake.kind, wake.owner) == ("takeover", "second")
+    assert (wake.kind, wake.generation) == ("takeover", second.generation)
+    await unwatch()
+
+
+async def test_claim_generations_grow_even_after_the_session_is_restored(backend: Backend) -> None:
+    sid = await open_session(backend)
+    before = await backend.claim_stream(sid)
+    record = await backend.get_session(sid)
+    assert record is not None
+    await backend.delete_session(sid)
+    assert await backend.restore_session(record, set())
+    after = await backend.claim_stream(sid)
+    assert after.had_stream is False and after.generation > before.generation
+
+
+async def test_claiming_the_stream_of_a_deleted_session_closes_every_stream(backend: Backend) -> None:
+    sid = await open_session(backend)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, wakes.put_nowait)
+    await backend.claim_stream(sid)
+    await backend.delete_session(sid)
+    await backend.claim_stream(sid)
+    await next_wake(wakes)
+    assert (await next_wake(wakes)).generation == CLOSE_ALL
     await unwatch()
 
 

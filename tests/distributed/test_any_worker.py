@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import pytest
@@ -78,6 +79,21 @@ async def test_a_second_get_on_another_worker_takes_over_the_first(
             assert (await second.next_message()).uri == second_uri
     gets = served(deployment.log(), mcp.id, "GET")
     assert len(gets) == 2 and gets[0] != gets[1]
+
+
+async def test_of_two_streams_opened_at_once_on_two_workers_exactly_one_stays(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    (uri,) = uris(1)
+    mcp = await McpSession(http).initialize()
+    await mcp.subscribe(uri)
+    async with AsyncExitStack() as stack:
+        streams = await asyncio.gather(*(stack.enter_async_context(mcp.stream()) for _ in range(2)))
+        await asyncio.gather(*(stream.next_event() for stream in streams))  # both primed: both claimed
+        await publish(http, uri)
+        outcomes = await asyncio.gather(*(stream.next_message() for stream in streams), return_exceptions=True)
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["Event", "StreamEnded"]
+    assert mcp.id is not None
+    assert len(set(served(deployment.log(), mcp.id, "GET"))) == 2
 
 
 async def test_a_modern_listen_receives_changes_published_through_other_workers(

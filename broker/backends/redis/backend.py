@@ -62,7 +62,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.backends.base import BroadcastHandler, Frame, InboxRead, SessionRecord, WakeHandler
+from broker.backends.base import CLOSE_ALL, BroadcastHandler, Frame, InboxRead, SessionRecord, StreamClaim, WakeHandler
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
@@ -441,11 +441,14 @@ class RedisBackend:
         """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
         return await self.watchers.watch(session_id, handler)
 
-    async def claim_stream(self, session_id: str, owner: str) -> bool:
+    async def claim_stream(self, session_id: str) -> StreamClaim:
         keys = self.keys.session(session_id)
+        # The claiming stream watches the session here: frames are announced to this node now.
+        node = self.watchers.node if not self.cluster and self.watchers.watches(session_id) else ""
         with unavailable("claim_stream"):
-            had = await self.scripts.stream_claim(keys=[keys.meta, keys.wake], args=[self.publish_command, owner])
-        return bool(had)
+            had, generation = await self.scripts.stream_claim(keys=[keys.meta, keys.wake],
+                                                              args=[self.publish_command, node])
+        return StreamClaim(bool(had), int(generation) if generation else CLOSE_ALL)
 
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str:

@@ -2,8 +2,8 @@
 
 Frames and changes are msgpack. A wake-up published on a session's channel is either
 ``F<first offset>:<packed frame><packed frame>...`` (built by ``inbox_append.lua`` from the
-frames it just stored, so a stream usually needs no read), ``T<owner>`` (a takeover), or
-``S+<uri>`` / ``S-<uri>`` (the session subscribed to or unsubscribed from a URI).
+frames it just stored, so a stream usually needs no read), ``T<generation>`` (a takeover;
+``T`` alone closes every stream), or ``S+<uri>`` / ``S-<uri>`` (the session subscribed to or unsubscribed from a URI).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from broker.backends.base import Frame, SessionRecord, Wake
+from broker.backends.base import CLOSE_ALL, Frame, SessionRecord, Wake
 from broker.changes import Change
 
 __all__ = [
@@ -122,7 +122,8 @@ def decode_entry(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> Frame:
 def decode_wakes(payload: bytes) -> list[Wake]:
     """The wake-ups in one message of a session channel (empty for a malformed one)."""
     if payload[:1] == b"T":
-        return [Wake("takeover", owner=payload[1:].decode())]
+        generation = payload[1:]
+        return [Wake("takeover", generation=int(generation) if generation.isdigit() else CLOSE_ALL)]
     if payload[:2] in (b"S+", b"S-"):
         return [Wake("subscribe" if payload[1:2] == b"+" else "unsubscribe", uri=payload[2:].decode())]
     if payload[:1] == b"F":

@@ -9,7 +9,7 @@ key                            type        what
 ``P:partitions``               string      change-log partition count, fixed at first start
 ``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
-``P:{s:<sid>}:meta``           hash        the session record, inbox ``head``, stream ``owner``
+``P:{s:<sid>}:meta``           hash        the session record, inbox ``head``, stream claim ``gen``
 ``P:{s:<sid>}:subs``           set         the session's subscribed URIs
 ``P:{s:<sid>}:inbox``          stream      the session's frames; entry id ``<offset>-0``
 ``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
