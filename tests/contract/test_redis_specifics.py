@@ -176,5 +176,30 @@ def test_scripts_touch_only_the_keys_they_declare(name: str) -> None:
         assert all(arg.strip().startswith("KEYS[") for arg in args.split(",")), name
 
 
+async def test_a_watch_cancelled_while_subscribing_leaves_no_subscription_behind(
+        backend: RedisBackend, private_redis: RedisProcess) -> None:
+    session, other = record(backend), record(backend)
+    await backend.create_session(session)
+    await backend.create_session(other)
+    watching = asyncio.create_task(backend.watch(session.id, lambda wake: None))
+    await asyncio.sleep(0)  # one step: the watch is now waiting for its subscription
+    watching.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watching
+    # Subscriptions are confirmed in order on the one pub/sub connection: once a later one is,
+    # the cancelled one has landed too.
+    unwatch = await backend.watch(other.id, lambda wake: None)
+    channel = backend.keys.wake(session.id)
+    async with Redis.from_url(private_redis.url) as raw:
+        async def subscribers() -> int:
+            return int((await raw.execute_command("PUBSUB", "SHARDNUMSUB", channel))[1])
+
+        async with asyncio.timeout(10):
+            while await subscribers():
+                await asyncio.sleep(0.01)
+    assert not backend.watchers.watches(session.id)
+    await unwatch()
+
+
 async def test_sharded_pubsub_is_used_where_the_server_has_it(backend: RedisBackend) -> None:
     assert backend.sharded and backend.publish_command == "SPUBLISH"  # redis-server >= 7

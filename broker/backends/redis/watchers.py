@@ -32,6 +32,8 @@ class Watchers:
         #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
         self.node = secrets.token_hex(6)
         self._node_channel: asyncio.Future[None] | None = None
+        #: Unsubscriptions of channels whose watch was given up while it was subscribing.
+        self._late: set[asyncio.Task[None]] = set()
 
     def watches(self, session_id: str) -> bool:
         return session_id in self._watchers
@@ -108,6 +110,18 @@ class Watchers:
             return
         del self._watchers[session_id]
         subscribing = self._watching.pop(session_id, None)
-        if subscribing is not None and subscribing.done() and not subscribing.cancelled() \
-                and subscribing.exception() is None:
+        if subscribing is None:
+            return
+        if not subscribing.done():
+            # Given up mid-subscribe (the request was cancelled): the subscription still lands,
+            # so it is undone once it has, unless the session is being watched again by then.
+            subscribing.add_done_callback(lambda done: self._unsubscribe_late(session_id, done))
+        elif not subscribing.cancelled() and subscribing.exception() is None:
             await self._bus().unsubscribe(self.keys.wake(session_id))
+
+    def _unsubscribe_late(self, session_id: str, subscribing: asyncio.Future[None]) -> None:
+        if session_id in self._watching or subscribing.cancelled() or subscribing.exception() is not None:
+            return
+        task = asyncio.ensure_future(self._bus().unsubscribe(self.keys.wake(session_id)))
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
