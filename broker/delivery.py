@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
-from broker.backends.base import Backend, Frame, SessionRecord, Wake
+from broker.backends.base import Backend, Frame, InboxRead, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import BackendUnavailable
@@ -192,21 +192,7 @@ class LegacyStream(_Stream):
             self.end("shutdown")
         try:
             unwatch = await backend.watch(sid, self._on_wake)
-            loaded = await backend.get_subscriptions(sid)
-            self._apply_sub_log(loaded)
-            self.subscriptions = loaded
-            claim = await backend.claim_stream(sid)
-            self.generation = claim.generation
-            if self._superseded > claim.generation:
-                self.end("takeover")
-            had_stream = claim.had_stream
-            # A resync stands for everything up to the head: what is older is not replayed as well.
-            if self._resync_first or (self._from_head and had_stream):
-                self.cursor = (await backend.read_inbox(sid, self.session.epoch, 0, 0)).head
-            if self._priming:
-                await self.writer.prime(format_event_id(self.session.epoch, self.cursor))
-            if self._resync_first:
-                await self._resync()
+            await self._start()
             while self.ended is None:
                 if self._dirty:
                     await self._drain()
@@ -227,6 +213,29 @@ class LegacyStream(_Stream):
         if self.ended in ("shutdown", "unavailable", "lost"):
             await self.writer.retry()
         return self.ended or "closed"
+
+    async def _start(self) -> None:
+        """Load the subscriptions, claim the session and send what is due, from one backend step."""
+        # Wakes from here on may or may not be in the start's read: they mark the stream dirty.
+        self._dirty = False
+        start = await self.hub.backend.start_stream(self.session.id, self.session.epoch, self.cursor,
+                                                    self.hub.settings.inbox_batch)
+        self._apply_sub_log(start.subscriptions)
+        self.subscriptions = start.subscriptions
+        self.generation = start.claim.generation
+        if self._superseded > start.claim.generation:
+            self.end("takeover")
+        first: InboxRead | None = start.read
+        # A resync stands for everything up to the head: what is older is not replayed as well.
+        if self._resync_first or (self._from_head and start.claim.had_stream):
+            self.cursor = start.read.head
+            first, self._dirty = None, True
+        if self._priming:
+            await self.writer.prime(format_event_id(self.session.epoch, self.cursor))
+        if self._resync_first:
+            await self._resync()
+        if first is not None:
+            await self._drain(first)
 
     def _apply_sub_log(self, subscriptions: set[str]) -> None:
         # Every change since the watch began, in order, on top of a load taken somewhere in
@@ -252,16 +261,22 @@ class LegacyStream(_Stream):
         self.session = record
         return True
 
-    async def _drain(self) -> None:
+    async def _drain(self, first: InboxRead | None = None) -> None:
+        """Send what the inbox holds after the cursor; ``first`` is a read already made from it
+        (the stream's start), with ``_dirty`` cleared before it was made."""
         backend = self.hub.backend
         batch = self.hub.settings.inbox_batch
-        self._dirty = False
-        self._live = []
-        # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
-        self._expect = None
+        if first is None:
+            self._dirty = False
+            self._live = []
+            # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
+            self._expect = None
         restored = False
         while self.ended is None:
-            read = await backend.read_inbox(self.session.id, self.session.epoch, self.cursor, batch)
+            if first is None:
+                read = await backend.read_inbox(self.session.id, self.session.epoch, self.cursor, batch)
+            else:
+                read, first = first, None
             if read.gone:
                 if read.epoch == self.session.epoch:
                     self.end("gone")  # ended (DELETE, expiry), not lost: nothing to restore

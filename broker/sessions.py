@@ -49,11 +49,11 @@ class Sessions:
         """
         if not session_id or len(session_id) > 128:
             raise SessionNotFound(session_id)
-        record = await self.backend.get_session(session_id)
-        # A session of another principal is indistinguishable from one that does not exist.
+        record = await self.backend.get_session(session_id, touch=True)
+        # A session of another principal is indistinguishable from one that does not exist
+        # (the touch that came with the read changed only its idle clock).
         if record is None or record.principal != principal.key:
             raise SessionNotFound(session_id)
-        await self.backend.touch_sessions([session_id])
         return record
 
     async def end(self, session_id: str) -> None:

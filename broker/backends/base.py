@@ -68,6 +68,7 @@ __all__ = [
     "InboxRead",
     "SessionRecord",
     "StreamClaim",
+    "StreamStart",
     "Wake",
     "WakeHandler",
 ]
@@ -150,6 +151,15 @@ class StreamClaim:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """The outcome of ``start_stream``."""
+
+    subscriptions: set[str]
+    claim: StreamClaim
+    read: InboxRead
+
+
 WakeHandler = Callable[[Wake], None]
 BroadcastHandler = Callable[[Change], None]
 
@@ -170,7 +180,8 @@ class Backend(Protocol):
     # -- sessions -----------------------------------------------------------------------
     async def create_session(self, record: SessionRecord) -> None: ...
 
-    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
+        """The session's record, or None; ``touch`` also restarts its idle clock, in the same step."""
 
     async def update_session(self, session_id: str, **fields: Any) -> None: ...
 
@@ -229,6 +240,10 @@ class Backend(Protocol):
         whichever order their wakes arrive in. For a session that no longer exists the wake
         carries ``CLOSE_ALL``.
         """
+
+    async def start_stream(self, session_id: str, epoch: str, after: int, limit: int) -> StreamStart:
+        """What a stream that just began watching needs, in one step: the session's subscriptions,
+        its claim (``claim_stream``) and then the first read of its inbox (``read_inbox``)."""
 
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str: ...

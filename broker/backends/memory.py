@@ -24,6 +24,7 @@ from broker.backends.base import (
     InboxRead,
     SessionRecord,
     StreamClaim,
+    StreamStart,
     Wake,
     WakeHandler,
 )
@@ -83,10 +84,12 @@ class MemoryBackend:
         self._by_tenant.setdefault(record.tenant, set()).add(record.id)
         self._inboxes[record.id] = _Inbox()
 
-    async def get_session(self, session_id: str) -> SessionRecord | None:
+    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
         record = self._sessions.get(session_id)
         if record is None or self._expired(session_id):
             return None
+        if touch:
+            self._seen[session_id] = time.monotonic()
         return replace(record)
 
     async def update_session(self, session_id: str, **fields: Any) -> None:
@@ -238,6 +241,11 @@ class MemoryBackend:
         for handler in list(self._watchers.get(session_id, ())):
             handler(Wake("takeover", generation=generation))
         return StreamClaim(had, generation)
+
+    async def start_stream(self, session_id: str, epoch: str, after: int, limit: int) -> StreamStart:
+        subscriptions = await self.get_subscriptions(session_id)
+        claim = await self.claim_stream(session_id)
+        return StreamStart(subscriptions, claim, await self.read_inbox(session_id, epoch, after, limit))
 
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str:

@@ -141,6 +141,19 @@ async def test_touching_a_session_keeps_it_alive_while_an_untouched_one_expires(
     assert await backend.get_session(kept) is not None
 
 
+async def test_reading_a_session_with_touch_keeps_it_alive(short_ttl_backend: Backend) -> None:
+    backend = short_ttl_backend
+    kept, idle = await open_session(backend), await open_session(backend)
+
+    async def idle_gone() -> bool:
+        assert await backend.get_session(kept, touch=True) is not None
+        await backend.expire_sessions()
+        return await backend.get_session(idle) is None
+
+    await eventually(idle_gone, "the unread session to expire")
+    assert await backend.get_session(kept) is not None
+
+
 # -- subscriptions -------------------------------------------------------------------------------
 
 
@@ -320,6 +333,24 @@ async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: B
     assert second.had_stream is True and second.generation > first.generation
     wake = await next_wake(wakes)
     assert (wake.kind, wake.generation) == ("takeover", second.generation)
+    await unwatch()
+
+
+async def test_starting_a_stream_loads_claims_and_reads_in_one_step(backend: Backend) -> None:
+    sid = await open_session(backend)
+    record = await backend.get_session(sid)
+    assert record is not None
+    await backend.add_subscription(sid, "t1", "x:a")
+    await backend.append_frames([(sid, frame(n)) for n in range(1, 4)])
+    earlier = await backend.claim_stream(sid)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    unwatch = await backend.watch(sid, wakes.put_nowait)
+    start = await backend.start_stream(sid, record.epoch, 1, 10)
+    assert start.subscriptions == {"x:a"}
+    assert start.claim.had_stream and start.claim.generation > earlier.generation
+    assert (await next_wake(wakes)).generation == start.claim.generation
+    assert (start.read.gap, start.read.head) == (False, 3)
+    assert start.read.frames == [(2, frame(2)), (3, frame(3))]
     await unwatch()
 
 

@@ -62,7 +62,16 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.backends.base import CLOSE_ALL, BroadcastHandler, Frame, InboxRead, SessionRecord, StreamClaim, WakeHandler
+from broker.backends.base import (
+    CLOSE_ALL,
+    BroadcastHandler,
+    Frame,
+    InboxRead,
+    SessionRecord,
+    StreamClaim,
+    StreamStart,
+    WakeHandler,
+)
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
@@ -200,10 +209,33 @@ class RedisBackend:
                 self.epoch = record.epoch = epoch
                 await self.redis.hset(keys.meta, "epoch", epoch)
 
-    async def get_session(self, session_id: str) -> SessionRecord | None:
+    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
+        """With ``touch``, the read and the touch go in one round trip."""
+        keys = self.keys.session(session_id)
         with unavailable("get_session"):
-            raw = await self.redis.hgetall(self.keys.session(session_id).meta)
+            if not touch:
+                raw = await self.redis.hgetall(keys.meta)
+            else:
+                now = time.time()
+                batch = Batch(self.redis)
+                batch.pipe.hgetall(keys.meta)
+                batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox], self._touch_args(now))
+                raw, touched = await batch.execute()
+                await self._register_touched([session_id], [touched], now)
         return decode_session(session_id, raw)
+
+    def _touch_args(self, now: float) -> list[int]:
+        return [self._ttl_ms, self._grace_ms, int(now * 1000), self._ttl_ms // 4]
+
+    async def _register_touched(self, session_ids: Sequence[str], results: Sequence[Any], now: float) -> None:
+        """Move the registry deadline of the touched sessions whose touch says it is due (their tenant)."""
+        due = Batch(self.redis)
+        deadline = self._registry_deadline(now)
+        for sid, result in zip(session_ids, results, strict=True):
+            if isinstance(result, bytes):
+                due.pipe.zadd(self.keys.registry, {f"{sid} {result.decode()}": deadline})
+                due.pipe.zadd(self.keys.tenant_sessions(result.decode()), {sid: deadline})
+        await due.execute()
 
     async def update_session(self, session_id: str, **fields: Any) -> None:
         if not fields:
@@ -216,20 +248,13 @@ class RedisBackend:
         if not session_ids:
             return
         now = time.time()
-        args = [self._ttl_ms, self._grace_ms, int(now * 1000), self._ttl_ms // 4]
+        args = self._touch_args(now)
         with unavailable("touch_sessions"):
             batch = Batch(self.redis)
             for sid in session_ids:
                 keys = self.keys.session(sid)
                 batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox], args)
-            results = await batch.execute()
-            due = Batch(self.redis)
-            deadline = self._registry_deadline(now)
-            for sid, result in zip(session_ids, results, strict=True):
-                if isinstance(result, bytes):
-                    due.pipe.zadd(self.keys.registry, {f"{sid} {result.decode()}": deadline})
-                    due.pipe.zadd(self.keys.tenant_sessions(result.decode()), {sid: deadline})
-            await due.execute()
+            await self._register_touched(session_ids, await batch.execute(), now)
 
     async def delete_session(self, session_id: str) -> bool:
         keys = self.keys.session(session_id)
@@ -420,9 +445,13 @@ class RedisBackend:
         keys = self.keys.session(session_id)
         with unavailable("read_inbox"):
             found = await self.scripts.inbox_read(keys=[keys.meta, keys.inbox], args=[after + 1, max(limit, 1)])
-            if not found:
-                # A vanished session: maybe Redis lost everything, so agree on the epoch again.
-                return InboxRead(await self.refresh_epoch(), [], True, 0, gone=True)
+            return await self._inbox_read(found, epoch, after, limit)
+
+    async def _inbox_read(self, found: Any, epoch: str, after: int, limit: int) -> InboxRead:
+        """An ``inbox_read.lua`` reply as an ``InboxRead``."""
+        if not found:
+            # A vanished session: maybe Redis lost everything, so agree on the epoch again.
+            return InboxRead(await self.refresh_epoch(), [], True, 0, gone=True)
         session_epoch, head, entries = as_text(found[0]), int(found[1]), found[2]
         gap = InboxRead(session_epoch, [], True, head)
         if epoch != session_epoch or after > head or after < head - self.settings.inbox_maxlen:
@@ -443,12 +472,33 @@ class RedisBackend:
 
     async def claim_stream(self, session_id: str) -> StreamClaim:
         keys = self.keys.session(session_id)
-        # The claiming stream watches the session here: frames are announced to this node now.
-        node = self.watchers.node if not self.cluster and self.watchers.watches(session_id) else ""
         with unavailable("claim_stream"):
-            had, generation = await self.scripts.stream_claim(keys=[keys.meta, keys.wake],
-                                                              args=[self.publish_command, node])
+            reply = await self.scripts.stream_claim(keys=[keys.meta, keys.wake], args=self._claim_args(session_id))
+        return self._claim(reply)
+
+    def _claim_args(self, session_id: str) -> list[str]:
+        # A stream that watches the session here claims it: frames are announced to this node now.
+        node = self.watchers.node if not self.cluster and self.watchers.watches(session_id) else ""
+        return [self.publish_command, node]
+
+    @staticmethod
+    def _claim(reply: Any) -> StreamClaim:
+        """A ``stream_claim.lua`` reply as a ``StreamClaim``."""
+        had, generation = reply
         return StreamClaim(bool(had), int(generation) if generation else CLOSE_ALL)
+
+    async def start_stream(self, session_id: str, epoch: str, after: int, limit: int) -> StreamStart:
+        """One round trip on a single node, in this order; on Cluster the three run concurrently
+        (the stream's channel is subscribed already, so a frame the read misses still wakes it)."""
+        keys = self.keys.session(session_id)
+        with unavailable("start_stream"):
+            batch = Batch(self.redis)
+            batch.call(self.scripts.subscriptions_get, [keys.meta, keys.subs], [])
+            batch.call(self.scripts.stream_claim, [keys.meta, keys.wake], self._claim_args(session_id))
+            batch.call(self.scripts.inbox_read, [keys.meta, keys.inbox], [after + 1, max(limit, 1)])
+            uris, claimed, found = await batch.execute()
+            read = await self._inbox_read(found, epoch, after, limit)
+        return StreamStart({as_text(uri) for uri in uris}, self._claim(claimed), read)
 
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str:
