@@ -248,6 +248,12 @@ class Backend(Protocol):
     # -- change log and fan-out ------------------------------------------------------------
     async def publish(self, change: Change) -> str: ...
 
+    async def publish_many(self, changes: Sequence[Change]) -> list[str]:
+        """Append the changes in as few steps as the backend can; their ids, in order.
+
+        The changes of one tenant are appended in the order given.
+        """
+
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]: ...
 
     async def ack_changes(self, ids: Sequence[str]) -> None: ...

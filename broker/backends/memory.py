@@ -257,6 +257,9 @@ class MemoryBackend:
         self._log_ready.set()
         return change_id
 
+    async def publish_many(self, changes: Sequence[Change]) -> list[str]:
+        return [await self.publish(change) for change in changes]
+
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         if not self._log and block_ms > 0:
             self._log_ready.clear()

@@ -81,7 +81,7 @@ class ChangesEndpoint:
         if not items:
             raise Invalid(422, "no changes given")
         changes = [self.change(principal.tenant, item) for item in items]
-        return [await self.broker.backend.publish(change) for change in changes]
+        return await self.broker.backend.publish_many(changes)
 
     def change(self, tenant: str, item: Any) -> Change:
         if not isinstance(item, dict):

@@ -457,6 +457,16 @@ async def test_each_change_goes_to_exactly_one_consumer_in_order(backend: Backen
     assert await backend.read_changes("c3", 100, 50) == []
 
 
+async def test_changes_published_together_are_read_in_the_order_given_per_tenant(backend: Backend) -> None:
+    changes = [Change(f"t{n % 3}", f"x:{n}", meta={"n": n}) for n in range(30)]
+    ids = await backend.publish_many(changes)
+    assert len(set(ids)) == 30
+    read = await backend.read_changes("c1", 100, 100)
+    assert sorted(read, key=lambda item: ids.index(item[0])) == list(zip(ids, changes, strict=True))
+    for tenant in ("t0", "t1", "t2"):
+        assert [c for _, c in read if c.tenant == tenant] == [c for c in changes if c.tenant == tenant]
+
+
 async def test_a_blocked_read_returns_as_soon_as_a_change_is_published(backend: Backend) -> None:
     reader = asyncio.create_task(backend.read_changes("c1", 10, 10_000))
     await asyncio.sleep(0)  # let the read block before publishing

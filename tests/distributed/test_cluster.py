@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import tempfile
@@ -11,6 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from broker.backends.redis import RedisBackend
+from broker.changes import Change
+from broker.config import Settings
 from tests.distributed.conftest import Deployment
 from tests.distributed.scenario import any_worker_scenario
 from tests.support import RedisProcess, free_port, wait_until
@@ -63,3 +67,26 @@ async def test_any_worker_serves_any_request_on_a_redis_cluster(cluster: list[Re
             await any_worker_scenario(http, deploy.log)
     finally:
         deploy.close()
+
+
+async def test_changes_published_together_keep_each_tenants_order_across_cluster_nodes(
+        cluster: list[RedisProcess]) -> None:
+    settings = Settings(_env_file=None, redis_url=f"redis+cluster://127.0.0.1:{cluster[0].port}",  # type: ignore[call-arg]
+                        redis_prefix=f"t{secrets.token_hex(4)}", changelog_partitions=6)
+    backend = RedisBackend(settings)
+    await backend.start()
+    try:
+        tenants = [f"t{n}" for n in range(6)]
+        assert len({backend.changelog.partition(t) for t in tenants}) > 1  # several partitions, several nodes
+        changes = [Change(tenants[n % 6], f"x:{n}", meta={"n": n}) for n in range(60)]
+        ids = await backend.publish_many(changes)
+        read: list[Change] = []
+        while len(read) < 60:
+            batch = await backend.read_changes("c1", 100, 1000)
+            assert batch, "every published change is read"
+            read += [change for _, change in batch]
+        assert len(set(ids)) == 60
+        for tenant in tenants:
+            assert [c for c in read if c.tenant == tenant] == [c for c in changes if c.tenant == tenant]
+    finally:
+        await backend.close()

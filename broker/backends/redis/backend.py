@@ -505,6 +505,10 @@ class RedisBackend:
         with unavailable("publish"):
             return await self.changelog.publish(change)
 
+    async def publish_many(self, changes: Sequence[Change]) -> list[str]:
+        with unavailable("publish"):
+            return await self.changelog.publish_many(changes)
+
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         with unavailable("read_changes"):
             return await self.changelog.read(consumer, count, block_ms)

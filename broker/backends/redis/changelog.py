@@ -72,6 +72,29 @@ class ChangeLog:
                                           maxlen=self.settings.changelog_maxlen, approximate=True)
         return f"{partition}:{as_text(entry_id)}"
 
+    async def publish_many(self, changes: Sequence[Change]) -> list[str]:
+        """One pipeline on a single node. On Cluster the partitions (on different nodes) are
+        written concurrently, each one's changes in order: a tenant's changes keep their order."""
+        partitions = [self.partition(change.tenant) for change in changes]
+        if not self.cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for partition, change in zip(partitions, changes, strict=True):
+                pipe.xadd(self.keys.log(partition), {"c": encode_change(change)},
+                          maxlen=self.settings.changelog_maxlen, approximate=True)
+            entry_ids = await pipe.execute()
+            return [f"{p}:{as_text(entry_id)}" for p, entry_id in zip(partitions, entry_ids, strict=True)]
+        ids: list[str] = [""] * len(changes)
+        by_partition: dict[int, list[int]] = {}
+        for i, partition in enumerate(partitions):
+            by_partition.setdefault(partition, []).append(i)
+
+        async def in_order(positions: list[int]) -> None:
+            for i in positions:
+                ids[i] = await self.publish(changes[i])
+
+        await asyncio.gather(*(in_order(positions) for positions in by_partition.values()))
+        return ids
+
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
         out = []
         for entry_id, fields in entries:
