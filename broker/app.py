@@ -13,12 +13,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.config import Settings
 from broker.core import Broker
 from broker.errors import BackendUnavailable
-from broker.transport.http import McpEndpoint
+from broker.protocol import jsonrpc as rpc
+from broker.transport.guards import HostPolicy
+from broker.transport.http import McpEndpoint, http_error
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
 
@@ -31,15 +34,32 @@ class BrokerApp:
     def __init__(self, broker: Broker, api: FastAPI) -> None:
         self.broker = broker
         self.api = api
+        self.hosts = HostPolicy(broker.settings.allowed_hosts, broker.settings.host)
         self._direct: dict[str, ASGIApp] = {"/mcp": McpEndpoint(broker), "/changes": ChangesEndpoint(broker)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if not self.hosts.any and not self.hosts.allows(_header(scope, b"host")):
+                await _misdirected(scope["path"])(scope, receive, send)
+                return
             endpoint = self._direct.get(scope["path"])
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return
         await self.api(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _misdirected(path: str) -> Response:
+    if path == "/mcp":
+        return http_error(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
+    return JSONResponse({"detail": "Host not allowed"}, status_code=421)
 
 
 def create_app(settings: Settings | None = None, broker: Broker | None = None) -> BrokerApp:

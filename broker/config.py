@@ -41,6 +41,10 @@ class Settings(BaseSettings):
             "https://[::1]",
         ]
     )
+    #: Host names (``name`` or ``name:port``; ``*`` for any) the HTTP server answers to, against
+    #: DNS rebinding; others get 421. Unset: loopback names when bound to a loopback address,
+    #: else any.
+    allowed_hosts: list[str] | None = None
     #: Static API keys: ``{"<key>": "<tenant>/<subject>"}``. Empty: every caller is the anonymous
     #: principal of tenant ``default``.
     api_keys: dict[str, str] = Field(default_factory=dict)

@@ -6,7 +6,11 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-__all__ = ["BodyTooLarge", "OriginPolicy", "read_body"]
+__all__ = ["LOOPBACK_HOSTS", "BodyTooLarge", "HostPolicy", "OriginPolicy", "read_body"]
+
+#: The Host names a server bound to a loopback address answers to when no list is configured.
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+_LOOPBACK_BINDS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 
 class OriginPolicy:
@@ -36,6 +40,39 @@ class OriginPolicy:
         return (parts.scheme, parts.hostname, port) in self._rules or (
             (parts.scheme, parts.hostname, None) in self._rules
         )
+
+
+def _host_port(value: str) -> tuple[str, int | None] | None:
+    """``name`` or ``name:port`` (IPv6 in brackets) as a lower-case host name and a port."""
+    try:
+        parts = urlsplit("//" + value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    return (parts.hostname, port) if parts.hostname else None
+
+
+class HostPolicy:
+    """DNS-rebinding protection for what ``Origin`` cannot cover: a browser sends no ``Origin``
+    on a same-origin GET, so a page on a rebound name could read a local server's REST API.
+    The ``Host`` header must then name this server.
+
+    ``hosts`` None: a server bound to a loopback address answers to loopback names only (any
+    port), any other accepts every Host (a deployment behind a proxy names its own). ``"*"``
+    accepts every Host. Requests without ``Host`` (HTTP/1.0) pass.
+    """
+
+    def __init__(self, hosts: list[str] | None, bind: str) -> None:
+        if hosts is None:
+            hosts = LOOPBACK_HOSTS if bind in _LOOPBACK_BINDS else ["*"]
+        self.any = "*" in hosts
+        self._rules = {rule for rule in map(_host_port, hosts) if rule is not None}
+
+    def allows(self, host: str | None) -> bool:
+        if self.any or host is None:
+            return True
+        found = _host_port(host)
+        return found is not None and (found in self._rules or (found[0], None) in self._rules)
 
 
 class BodyTooLarge(Exception):

@@ -177,6 +177,26 @@ async def test_a_localhost_origin_on_any_port_passes(http: httpx.AsyncClient, or
     assert response.status_code == 200 and "mcp-session-id" in response.headers
 
 
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.2",
+                                  "[::1", "\u00e9"])
+async def test_a_foreign_host_gets_421_everywhere_on_a_loopback_server(http: httpx.AsyncClient, host: str) -> None:
+    """DNS rebinding: a page on a rebound name sends its own name as Host and, on a GET, no Origin."""
+    headers = {"Host": host.encode("latin-1")}
+    response = await McpSession(http).post({**PING, "method": "initialize"}, Host=host.encode("latin-1"))
+    rpc_error(response, 421, -32600)
+    for path in ("/collections", "/healthz"):
+        response = await http.get(path, headers=headers)
+        assert response.status_code == 421 and response.json() == {"detail": "Host not allowed"}
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:5173", "127.0.0.1:8080", "[::1]:8443", "LOCALHOST"])
+async def test_a_loopback_host_on_any_port_passes(http: httpx.AsyncClient, host: str) -> None:
+    response = await McpSession(http).post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        Host=host)
+    assert response.status_code == 200 and "mcp-session-id" in response.headers
+
+
 # -- initialize ----------------------------------------------------------------------------------------
 
 
