@@ -2,7 +2,8 @@
 
 * ``redis://`` and ``rediss://`` (TLS): one server.
 * ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]``: the master Sentinel names,
-  found again after a failover (``redis.asyncio.sentinel``).
+  found again after a failover (``redis.asyncio.sentinel``, asked again every second: see
+  :class:`_SentinelMasterPool`).
 * ``redis+cluster://host:port[,host:port...]``: Redis Cluster (``redis.asyncio.cluster``);
   ``rediss+cluster://`` with TLS.
 
@@ -13,6 +14,7 @@ so a dead server surfaces as :class:`BackendUnavailable` within seconds rather t
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,7 @@ from redis import exceptions as rexc
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 
 from broker.config import Settings
@@ -92,6 +94,46 @@ def _credentials(netloc: str) -> dict[str, Any]:
     return creds
 
 
+#: How often a Sentinel client asks which server is the master, besides on every reconnect.
+SENTINEL_RECHECK = 1.0
+
+
+class _SentinelMasterPool(SentinelConnectionPool):
+    """The master's connections, dropped as soon as Sentinel names another master.
+
+    redis-py asks Sentinel only when it opens a connection. After a failover the old master
+    stays a writable master until Sentinel turns it into a replica (about ten seconds later),
+    so connections opened before the failover would keep writing there, all of it lost when
+    it resynchronises.
+    Every ``SENTINEL_RECHECK`` seconds a checkout asks again; on a change it closes every
+    connection, in use or not (commands are retried on the new master), and those of
+    ``followers`` too: the pub/sub client's, so its reader resubscribes on the new master.
+    Closing the pool closes the connections to the Sentinels as well (redis-py leaves them open).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.followers: list[SentinelConnectionPool] = []
+        self._next_check = time.monotonic() + SENTINEL_RECHECK
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if now >= self._next_check and self.master_address is not None:
+            self._next_check = now + SENTINEL_RECHECK
+            known = self.master_address
+            # An unreachable Sentinel is no reason to fail a command: keep the master we know.
+            with contextlib.suppress(rexc.ConnectionError, rexc.TimeoutError):
+                if await self.get_master_address() != known:  # type: ignore[no-untyped-call]
+                    for pool in (self, *self.followers):
+                        await pool.disconnect()
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        for sentinel in self.sentinel_manager.sentinels:
+            await sentinel.aclose()
+
+
 def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
     url = settings.redis_url
     parts = urlsplit(url)
@@ -116,7 +158,8 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
                            "socket_connect_timeout": settings.redis_connect_timeout}
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **common)
-        client = sentinel.master_for(path[0], redis_class=Redis, db=db, ssl=scheme.startswith("rediss"), **creds)
+        client = sentinel.master_for(path[0], redis_class=Redis, connection_pool_class=_SentinelMasterPool, db=db,
+                                     ssl=scheme.startswith("rediss"), **creds)
         return client, False
     if scheme in ("redis+cluster", "rediss+cluster"):
         nodes = [ClusterNode(host, port) for host, port in _hosts(parts.netloc, 6379)]
@@ -133,4 +176,7 @@ def open_clients(settings: Settings, factory: ClientFactory | None = None) -> Cl
         return Clients(factory(), factory(), False)
     commands, cluster = _make(settings, pubsub=False)
     pubsub, _ = _make(settings, pubsub=True)
+    pool = getattr(commands, "connection_pool", None)  # a RedisCluster has none
+    if isinstance(pool, _SentinelMasterPool):
+        pool.followers.append(pubsub.connection_pool)
     return Clients(commands, pubsub, cluster)
