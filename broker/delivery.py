@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
-from broker.backends.base import Backend, Frame, InboxRead, SessionRecord, Wake
+from broker.backends.base import CLOSE_ALL, Backend, Frame, InboxRead, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import BackendUnavailable
@@ -225,6 +225,7 @@ class LegacyStream(_Stream):
         self.generation = start.claim.generation
         if self._superseded > start.claim.generation:
             self.end("takeover")
+            return
         first: InboxRead | None = start.read
         # A resync stands for everything up to the head: what is older is not replayed as well.
         if self._resync_first or (self._from_head and start.claim.had_stream):
@@ -259,6 +260,10 @@ class LegacyStream(_Stream):
         logger.warning("session %s was lost with the backend's data; restored it with %d subscriptions",
                        record.id, len(self.subscriptions or ()))
         self.session = record
+        if self.generation == CLOSE_ALL:
+            # This stream claimed a session that was gone: claim it again, now that it exists, so
+            # that a later stream of the session takes over from this one as usual.
+            self.generation = (await backend.claim_stream(record.id)).generation
         return True
 
     async def _drain(self, first: InboxRead | None = None) -> None:

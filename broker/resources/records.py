@@ -104,9 +104,9 @@ class RecordStore:
             WriteConflict: the record kept changing for ``PATCH_PATIENCE`` seconds.
         """
         change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
-        deadline = time.monotonic() + PATCH_PATIENCE
-        ceiling = PATCH_BACKOFF[0]
         async with self._turn((tenant, collection, record_id)):
+            deadline = time.monotonic() + PATCH_PATIENCE
+            ceiling = PATCH_BACKOFF[0]
             while True:
                 current = await self.backend.read_record(tenant, collection, record_id)
                 if current is None:
