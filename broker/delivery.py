@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
@@ -195,6 +195,19 @@ class LegacyStream(_Stream):
             self._dirty = True
         self.active = True
         self._wake()
+
+    def serve(self, writer: Writer) -> Coroutine[Any, Any, str]:
+        """``run`` on ``writer``, for a transport whose writer exists only once its response has started.
+
+        A plain method that hands back ``run``'s coroutine: no frame of its own stays suspended
+        for the life of the stream.
+        """
+        self.writer = writer
+        return self.run()
+
+    def disconnect(self) -> None:
+        """The client went away."""
+        self.end("disconnect")
 
     async def run(self) -> str:
         """Serve the stream until it ends; returns why it ended."""

@@ -82,9 +82,9 @@ class McpEndpoint:
         self.origins = OriginPolicy(self.settings.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
         try:
-            response = await self.handle(request)
+            # The request object is not kept in this frame: it would live as long as a stream does.
+            response = await self.handle(Request(scope, receive))
         except BackendUnavailable:
             response = http_error(503, rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
                                   {"Retry-After": "1"})
@@ -246,12 +246,8 @@ class McpEndpoint:
         version = version_header or session.protocol_version or DEFAULT_LEGACY
         stream = LegacyStream(self.broker.hub, session, _PendingWriter(), cursor, resync=resync,
                               priming=version in PRIMING_VERSIONS)
-
-        async def run(writer: SSEWriter) -> None:
-            stream.writer = writer
-            await stream.run()
-
-        return SSEResponse(run, lambda: stream.end("disconnect"), retry_ms=self.settings.retry_ms)
+        # Bound methods rather than closures: nothing else per stream to keep for its lifetime.
+        return SSEResponse(stream.serve, stream.disconnect, retry_ms=self.settings.retry_ms)
 
     async def delete(self, request: Request, principal: Principal, version_header: str | None) -> Response:
         session = await self._session(request, principal, version_header)
@@ -308,6 +304,8 @@ class McpEndpoint:
 
 class _ListenResponse(SSEResponse):
     """An SSE response that releases its listen however it ends, even if the stream never started."""
+
+    __slots__ = ("release",)
 
     def __init__(self, run: Callable[[SSEWriter], Awaitable[Any]], on_disconnect: Callable[[], None],
                  release: Callable[[], None], *, retry_ms: int) -> None:

@@ -70,6 +70,8 @@ class SSEResponse:
     ``run`` is awaited in the request's own task; it must return soon after ``on_disconnect``.
     """
 
+    __slots__ = ("headers", "on_disconnect", "retry_ms", "run")
+
     def __init__(
         self,
         run: Callable[[SSEWriter], Awaitable[Any]],
@@ -81,7 +83,7 @@ class SSEResponse:
         self.run = run
         self.on_disconnect = on_disconnect
         self.retry_ms = retry_ms
-        self.headers = SSE_HEADERS + (headers or [])
+        self.headers = SSE_HEADERS + headers if headers else SSE_HEADERS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
