@@ -39,8 +39,9 @@ class _Inbox:
     __slots__ = ("entries", "head")
 
     def __init__(self) -> None:
-        # (offset, frame, monotonic time of append)
-        self.entries: deque[tuple[int, Frame, float]] = deque()
+        #: (offset, frame, monotonic time of append). Empty until the first frame: a deque
+        #: preallocates a block (760 bytes), too much for every session that is only idle.
+        self.entries: deque[tuple[int, Frame, float]] | tuple[()] = ()
         self.head = 0
 
 
@@ -195,9 +196,12 @@ class MemoryBackend:
                 gone.append(sid)
                 continue
             inbox.head += 1
-            inbox.entries.append((inbox.head, frame, now))
-            while len(inbox.entries) > maxlen:
-                inbox.entries.popleft()
+            entries = inbox.entries
+            if not isinstance(entries, deque):
+                entries = inbox.entries = deque()
+            entries.append((inbox.head, frame, now))
+            while len(entries) > maxlen:
+                entries.popleft()
             for handler in self._watchers.get(sid, ()):
                 handler(Wake("frames", inbox.head, frame=frame))
         return gone
@@ -208,7 +212,7 @@ class MemoryBackend:
             return InboxRead(self.epoch, [], True, 0, gone=True)
         cutoff = time.monotonic() - self.settings.inbox_retention
         entries = inbox.entries
-        while entries and entries[0][2] < cutoff:
+        while isinstance(entries, deque) and entries and entries[0][2] < cutoff:
             entries.popleft()
         earliest = entries[0][0] if entries else inbox.head + 1
         if epoch != self.epoch or after > inbox.head or after < earliest - 1:
