@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -46,6 +47,7 @@ POINTS: dict[str, list[str]] = {
     "broadcast-1k-2": "--scenario broadcast --sessions 1000 --rate 2 --duration 10".split(),
     "broadcast-1k-20": "--scenario broadcast --sessions 1000 --rate 20 --duration 10".split(),
     "idle-10k": "--scenario idle --sessions 10000 --duration 10".split(),
+    "idle-15k": "--scenario idle --sessions 15000 --duration 10".split(),
     "replay-100": "--scenario replay --tries 50 --missed 100".split(),
     "storm-1k": "--scenario storm --sessions 1000 --missed 10".split(),
     "ingest-5k": "--scenario targeted --sessions 1000 --fanout 1 --rate 5000 --duration 10 --batch".split(),
@@ -61,6 +63,7 @@ TITLES = {
     "broadcast-1k-2": "(b) broadcast: 1,000 legacy sessions on one URI, 2 changes/s (2k frames/s)",
     "broadcast-1k-20": "(b) broadcast: 1,000 legacy sessions on one URI, 20 changes/s (20k frames/s)",
     "idle-10k": "(c) idle: 10,000 legacy sessions with an open GET stream (1 subscription each)",
+    "idle-15k": "(c) idle: 15,000 legacy sessions with an open GET stream (1 subscription each)",
     "replay-100": "(d) one reconnect with 100 missed notifications (100 URIs, one change each), 50 tries",
     "storm-1k": "(d) storm: 1,000 simultaneous reconnects, 10 missed each",
     "listen-1k": "(e) 2026-07-28 listens, targeted: 1,000 streams, 10 per URI, 1,000 changes/s",
@@ -134,6 +137,14 @@ RATIO = {
     "all_done_s",
     "frames_per_s",
 }
+
+
+def raise_nofile() -> None:
+    """Every open stream is a descriptor in the server: 15,000 idle streams need more than the usual
+    soft limit of 1,024. The servers this script starts inherit the raised limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def free_port() -> int:
@@ -510,6 +521,7 @@ def main() -> int:
     ap.add_argument("--readme", default=str(BENCH / "README.md"))
     ap.add_argument("--merge", help="also include the results of an earlier bench/results/*.json")
     args = ap.parse_args()
+    raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     if args.smoke:
         t0 = time.monotonic()
