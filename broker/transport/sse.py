@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 __all__ = ["SSE_HEADERS", "SSEResponse", "SSEWriter", "encode_event"]
 
@@ -87,19 +87,44 @@ class SSEResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-        watcher = asyncio.ensure_future(self._watch(receive))
+        watch = _DisconnectWatch(receive, self.on_disconnect)
         try:
             await self.run(SSEWriter(send, self.retry_ms))
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await watch.stop()
             with contextlib.suppress(OSError):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _watch(self, receive: Receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.on_disconnect()
-                return
+
+class _DisconnectWatch:
+    """Calls ``on_disconnect`` once ``receive`` reports ``http.disconnect``.
+
+    One ``receive()`` task at a time, each started by the previous one's done-callback, rather
+    than a loop in a coroutine of its own: that coroutine's frame and the last message it read
+    stayed suspended for the life of every stream (about 270 bytes each).
+    """
+
+    __slots__ = ("_on_disconnect", "_receive", "_task")
+
+    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
+        self._receive = receive
+        self._on_disconnect = on_disconnect
+        self._task = self._next()
+
+    def _next(self) -> asyncio.Future[Message]:
+        task = asyncio.ensure_future(self._receive())
+        task.add_done_callback(self._received)
+        return task
+
+    def _received(self, task: asyncio.Future[Message]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return  # cancelled by stop(), or an error that stop() raises
+        if task.result()["type"] == "http.disconnect":
+            self._on_disconnect()
+        else:
+            self._task = self._next()
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
