@@ -35,14 +35,22 @@ class BrokerApp:
         self.broker = broker
         self.api = api
         self.hosts = HostPolicy(broker.settings.allowed_hosts, broker.settings.host)
-        self._direct: dict[str, ASGIApp] = {"/mcp": McpEndpoint(broker), "/changes": ChangesEndpoint(broker)}
+        self.mcp = McpEndpoint(broker)
+        self._direct: dict[str, ASGIApp] = {"/changes": ChangesEndpoint(broker)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            path = scope["path"]
             if not self.hosts.any and not self.hosts.allows(_header(scope, b"host")):
-                await _misdirected(scope["path"])(scope, receive, send)
+                await _misdirected(path)(scope, receive, send)
                 return
-            endpoint = self._direct.get(scope["path"])
+            if path == "/mcp":
+                # Run here rather than in McpEndpoint.__call__: one frame fewer stays suspended for
+                # as long as a GET stream is open (about 280 bytes each).
+                response = await self.mcp.respond(scope, receive)
+                await response(scope, receive, send)
+                return
+            endpoint = self._direct.get(path)
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return

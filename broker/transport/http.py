@@ -82,13 +82,20 @@ class McpEndpoint:
         self.origins = OriginPolicy(self.settings.allowed_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            # The request object is not kept in this frame: it would live as long as a stream does.
-            response = await self.handle(Request(scope, receive))
-        except BackendUnavailable:
-            response = http_error(503, rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
-                                  {"Retry-After": "1"})
+        response = await self.respond(scope, receive)
         await response(scope, receive, send)
+
+    async def respond(self, scope: Scope, receive: Receive) -> Response | SSEResponse:
+        """The response to one request, for the caller to run.
+
+        ``BrokerApp`` runs it in its own frame: a stream then keeps no frame of this endpoint
+        suspended for its lifetime, nor the request object (it is not kept past ``handle``).
+        """
+        try:
+            return await self.handle(Request(scope, receive))
+        except BackendUnavailable:
+            return http_error(503, rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
+                              {"Retry-After": "1"})
 
     # -- checks shared by every method ------------------------------------------------------
     async def handle(self, request: Request) -> Response | SSEResponse:
