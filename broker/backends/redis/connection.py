@@ -13,6 +13,7 @@ so a dead server surfaces as :class:`BackendUnavailable` within seconds rather t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -101,34 +102,60 @@ SENTINEL_RECHECK = 1.0
 class _SentinelMasterPool(SentinelConnectionPool):
     """The master's connections, dropped as soon as Sentinel names another master.
 
-    redis-py asks Sentinel only when it opens a connection. After a failover the old master
-    stays a writable master until Sentinel turns it into a replica (about ten seconds later),
-    so connections opened before the failover would keep writing there, all of it lost when
-    it resynchronises.
-    Every ``SENTINEL_RECHECK`` seconds a checkout asks again; on a change it closes every
-    connection, in use or not (commands are retried on the new master), and those of
-    ``followers`` too: the pub/sub client's, so its reader resubscribes on the new master.
-    Closing the pool closes the connections to the Sentinels as well (redis-py leaves them open).
+    redis-py asks Sentinel only when it opens a connection, and then drops only its idle
+    connections. After a failover the old master stays a writable master until Sentinel turns
+    it into a replica (about ten seconds later), so connections in use at the failover would
+    keep writing there, all of it lost when it resynchronises.
+
+    Every ``SENTINEL_RECHECK`` seconds, a checkout starts a check in the background (a slow
+    Sentinel never holds up a command). When the master differs from the one the last check
+    found, the check closes every connection, in use or not (commands are retried on the new
+    master), and those of ``followers`` too: the pub/sub client's, so its reader resubscribes
+    on the new master. Closing the pool closes the connections to the Sentinels as well
+    (redis-py leaves them open).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self.followers: list[SentinelConnectionPool] = []
         self._next_check = time.monotonic() + SENTINEL_RECHECK
+        #: The master the last check found (or the first connection used); redis-py's own
+        #: ``master_address`` moves whenever any connection is opened, so it cannot tell.
+        self._checked: Any = None
+        self._check: asyncio.Task[None] | None = None
+
+    async def get_master_address(self) -> Any:
+        address = await super().get_master_address()  # type: ignore[no-untyped-call]
+        if self._checked is None:
+            self._checked = address
+        return address
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         now = time.monotonic()
-        if now >= self._next_check and self.master_address is not None:
+        if now >= self._next_check and self._checked is not None and (self._check is None or self._check.done()):
             self._next_check = now + SENTINEL_RECHECK
-            known = self.master_address
-            # An unreachable Sentinel is no reason to fail a command: keep the master we know.
-            with contextlib.suppress(rexc.ConnectionError, rexc.TimeoutError):
-                if await self.get_master_address() != known:  # type: ignore[no-untyped-call]
-                    for pool in (self, *self.followers):
-                        await pool.disconnect()
+            self._check = asyncio.create_task(self._recheck())
         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
+    async def _recheck(self) -> None:
+        try:
+            address = await self.sentinel_manager.discover_master(self.service_name)
+        except (rexc.ConnectionError, rexc.TimeoutError):
+            return  # an unreachable Sentinel is no reason to drop anything: keep the master we know
+        if address == self._checked:
+            return
+        self._checked = address
+        for pool in (self, *self.followers):
+            try:
+                await pool.disconnect()
+            except (rexc.RedisError, OSError):
+                pass  # a connection that fails to close is gone all the same
+
     async def aclose(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._check
         await super().aclose()
         for sentinel in self.sentinel_manager.sentinels:
             await sentinel.aclose()
