@@ -259,6 +259,11 @@ class LegacyStream(_Stream):
         if self._superseded > start.claim.generation:
             self.end("takeover")
             return
+        if start.claim.generation == CLOSE_ALL:
+            # The session was gone when the claim ran (deleted, or lost with the store's data):
+            # the client starts again from a 404 rather than this stream restoring it unclaimed.
+            self.end("gone" if start.read.gone and start.read.epoch == self.session.epoch else "lost")
+            return
         first: InboxRead | None = start.read
         # A resync stands for everything up to the head: what is older is not replayed as well.
         if self._resync_first or (self._from_head and start.claim.had_stream):
@@ -293,10 +298,14 @@ class LegacyStream(_Stream):
         logger.warning("session %s was lost with the backend's data; restored it with %d subscriptions",
                        record.id, len(self.subscriptions or ()))
         self.session = record
-        if self.generation == CLOSE_ALL:
-            # This stream claimed a session that was gone: claim it again, now that it exists, so
-            # that a later stream of the session takes over from this one as usual.
-            self.generation = (await backend.claim_stream(record.id)).generation
+        # Claim it again: the restored record holds no generation, and the next claim must come
+        # from the same store as the one a later stream will make. Takeovers that arrive
+        # meanwhile are judged against the new claim, as at the start.
+        self.generation, self._superseded = None, 0
+        claim = await backend.claim_stream(record.id)
+        self.generation = claim.generation
+        if self._superseded > claim.generation:
+            self.end("takeover")
         return True
 
     async def _drain(self, first: InboxRead | None = None) -> None:
