@@ -94,7 +94,13 @@ class ChangeLog:
             for i in positions:
                 ids[i] = await self.publish(changes[i])
 
-        await asyncio.gather(*(in_order(positions) for positions in by_partition.values()))
+        # Every partition finishes before an error is raised: a caller told "not acknowledged"
+        # must not have appends still landing behind its back.
+        outcomes = await asyncio.gather(*(in_order(positions) for positions in by_partition.values()),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return ids
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
