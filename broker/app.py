@@ -8,6 +8,7 @@ broker's own work there. Everything else, lifespan included, is the FastAPI app.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,6 +28,8 @@ from broker.transport.rest import build_router
 
 __all__ = ["BrokerApp", "app_from_env", "create_app"]
 
+logger = logging.getLogger(__name__)
+
 
 class BrokerApp:
     """Routes ``/mcp`` and ``/changes`` straight to their endpoints, the rest to FastAPI."""
@@ -35,13 +38,19 @@ class BrokerApp:
         self.broker = broker
         self.api = api
         self.hosts = HostPolicy(broker.settings.allowed_hosts, broker.settings.host)
+        self._warned_host = False
         self.mcp = McpEndpoint(broker)
         self._direct: dict[str, ASGIApp] = {"/changes": ChangesEndpoint(broker)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
-            if not self.hosts.any and not self.hosts.allows(_header(scope, b"host")):
+            if not self.hosts.any and not self.hosts.allows(host := _header(scope, b"host")):
+                if not self._warned_host:
+                    self._warned_host = True
+                    logger.warning("answering 421 to Host %r, a name this server does not answer to: see "
+                                   "MCP_BROKER_ALLOWED_HOSTS (unset, only loopback names are allowed while "
+                                   "MCP_BROKER_HOST is a loopback address; it is %s)", host, self.broker.settings.host)
                 await _misdirected(path)(scope, receive, send)
                 return
             if path == "/mcp":
