@@ -49,9 +49,9 @@ class Sessions:
         """
         if not session_id or len(session_id) > 128:
             raise SessionNotFound(session_id)
-        record = await self.backend.get_session(session_id, touch=True)
+        record = await self.backend.get_session(session_id, touch_as=principal.key)
         # A session of another principal is indistinguishable from one that does not exist
-        # (the touch that came with the read changed only its idle clock).
+        # (and its idle clock is left alone).
         if record is None or record.principal != principal.key:
             raise SessionNotFound(session_id)
         return record

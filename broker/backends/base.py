@@ -180,8 +180,9 @@ class Backend(Protocol):
     # -- sessions -----------------------------------------------------------------------
     async def create_session(self, record: SessionRecord) -> None: ...
 
-    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
-        """The session's record, or None; ``touch`` also restarts its idle clock, in the same step."""
+    async def get_session(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
+        """The session's record, or None. ``touch_as`` (a principal key) also restarts its idle
+        clock in the same step, when the session belongs to that principal."""
 
     async def update_session(self, session_id: str, **fields: Any) -> None: ...
 

@@ -85,11 +85,11 @@ class MemoryBackend:
         self._by_tenant.setdefault(record.tenant, set()).add(record.id)
         self._inboxes[record.id] = _Inbox()
 
-    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
+    async def get_session(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
         record = self._sessions.get(session_id)
         if record is None or self._expired(session_id):
             return None
-        if touch:
+        if touch_as is not None and touch_as == record.principal:
             self._seen[session_id] = time.monotonic()
         return replace(record)
 

@@ -141,16 +141,18 @@ async def test_touching_a_session_keeps_it_alive_while_an_untouched_one_expires(
     assert await backend.get_session(kept) is not None
 
 
-async def test_reading_a_session_with_touch_keeps_it_alive(short_ttl_backend: Backend) -> None:
+async def test_reading_a_session_with_touch_keeps_it_alive_for_its_principal_only(
+        short_ttl_backend: Backend) -> None:
     backend = short_ttl_backend
-    kept, idle = await open_session(backend), await open_session(backend)
+    kept, foreign = await open_session(backend), await open_session(backend)
 
-    async def idle_gone() -> bool:
-        assert await backend.get_session(kept, touch=True) is not None
+    async def foreign_gone() -> bool:
+        assert await backend.get_session(kept, touch_as="t1/alice") is not None
+        await backend.get_session(foreign, touch_as="t1/mallory")  # another principal's read: no touch
         await backend.expire_sessions()
-        return await backend.get_session(idle) is None
+        return await backend.get_session(foreign) is None
 
-    await eventually(idle_gone, "the unread session to expire")
+    await eventually(foreign_gone, "the session touched by another principal to expire")
     assert await backend.get_session(kept) is not None
 
 

@@ -209,22 +209,23 @@ class RedisBackend:
                 self.epoch = record.epoch = epoch
                 await self.redis.hset(keys.meta, "epoch", epoch)
 
-    async def get_session(self, session_id: str, *, touch: bool = False) -> SessionRecord | None:
-        """With ``touch``, the read and the touch go in one round trip."""
+    async def get_session(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
+        """With ``touch_as``, the read and the touch go in one round trip."""
         keys = self.keys.session(session_id)
         with unavailable("get_session"):
-            if not touch:
+            if touch_as is None:
                 raw = await self.redis.hgetall(keys.meta)
             else:
                 now = time.time()
                 batch = Batch(self.redis)
                 batch.pipe.hgetall(keys.meta)
-                batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox], self._touch_args(now))
+                batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox],
+                           [*self._touch_args(now), touch_as])
                 raw, touched = await batch.execute()
                 await self._register_touched([session_id], [touched], now)
         return decode_session(session_id, raw)
 
-    def _touch_args(self, now: float) -> list[int]:
+    def _touch_args(self, now: float) -> list[int | str]:
         return [self._ttl_ms, self._grace_ms, int(now * 1000), self._ttl_ms // 4]
 
     async def _register_touched(self, session_ids: Sequence[str], results: Sequence[Any], now: float) -> None:

@@ -1,6 +1,8 @@
--- KEYS: meta, subs, inbox. ARGV: ttl_ms, grace_ms, now_ms, refresh_ms.
--- Restarts the idle clock. Returns the tenant when the registry deadline is due for a refresh,
--- 1 when the session is alive and the registry is fresh enough, 0 when the session is gone.
+-- KEYS: meta, subs, inbox. ARGV: ttl_ms, grace_ms, now_ms, refresh_ms[, principal].
+-- Restarts the idle clock, only for the principal when one is given. Returns the tenant when
+-- the registry deadline is due for a refresh, 1 when the session is alive and the registry is
+-- fresh enough, 0 when the session is gone (or belongs to another principal).
+if ARGV[5] and redis.call('HGET', KEYS[1], 'principal') ~= ARGV[5] then return 0 end
 if redis.call('PEXPIRE', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[3], ARGV[1])
