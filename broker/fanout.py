@@ -7,6 +7,10 @@ that dies before acknowledging leaves its batch pending; another claims it after
 ``fanout_claim_idle_ms``. Delivery is therefore at least once; a duplicate frame is
 harmless because every notification is a level trigger.
 
+Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
+that failed is retried before anything newer is read, so the notifications of one URI leave
+in the order its changes were published.
+
 Within a batch, repeated updates of one URI coalesce into one frame (the newest change's
 ``meta`` wins), and a tenant's ``list_changed`` is sent at most once.
 """
@@ -28,6 +32,9 @@ from broker.uris import notify_targets
 __all__ = ["Fanout", "plan"]
 
 logger = logging.getLogger(__name__)
+
+#: Times a batch that fails for a reason other than the backend is retried before the next one.
+POISON_ATTEMPTS = 3
 
 def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[str]]:
     """Per tenant, the URIs to notify (each with the newest change behind it), and the tenants whose lists changed."""
@@ -94,25 +101,35 @@ class Fanout:
         claim_every = max(settings.fanout_claim_idle_ms / 1000, 0.5)
         loop = asyncio.get_running_loop()
         next_claim = loop.time() + claim_every
+        #: A batch that failed: retried before anything newer, so a URI's frames keep their order.
+        failed: Sequence[tuple[str, Change]] = ()
+        attempts = 0
         while True:
+            batch = failed
             try:
-                if loop.time() >= next_claim:
+                if not batch and loop.time() >= next_claim:
                     next_claim = loop.time() + claim_every
-                    claimed = await self.backend.claim_changes(self.name, settings.fanout_claim_idle_ms,
-                                                               settings.fanout_batch)
-                    if claimed:
-                        logger.info("claimed %d changes left pending by a dead consumer", len(claimed))
-                    await self.process(claimed)
-                batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
+                    batch = await self.backend.claim_changes(self.name, settings.fanout_claim_idle_ms,
+                                                             settings.fanout_batch)
+                    if batch:
+                        logger.info("claimed %d changes left pending by a dead consumer", len(batch))
+                if not batch:
+                    batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
                 await self.process(batch)
+                failed, attempts = (), 0
                 backoff = 0.05
-            except BackendUnavailable:
-                logger.warning("fan-out paused: backend unavailable; retrying in %.2fs", backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the fan-out boundary: log, back off, keep the worker alive
-                logger.exception("fan-out batch failed; it stays pending and will be retried")
+            except Exception as exc:  # the fan-out boundary: log, back off, keep the worker alive
+                failed = batch
+                if isinstance(exc, BackendUnavailable):
+                    logger.warning("fan-out paused: backend unavailable; retrying in %.2fs", backoff)
+                elif (attempts := attempts + 1) < POISON_ATTEMPTS:
+                    logger.exception("fan-out batch failed; retrying it in %.2fs", backoff)
+                else:
+                    # Not the backend: the batch itself fails. It stays pending (claimed again
+                    # later) rather than holding up every change behind it.
+                    logger.exception("fan-out batch failed %d times; moving on", attempts)
+                    failed, attempts = (), 0
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

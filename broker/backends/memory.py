@@ -63,6 +63,9 @@ class MemoryBackend:
         self._log_seq = 0
         self._log: deque[tuple[str, Change]] = deque()
         self._pending: dict[str, tuple[str, float, Change]] = {}
+        #: The consumer that reads the log now, and until when (see ``_hold``).
+        self._holder: tuple[str, float] | None = None
+        self._sweep: deque[str] = deque()
         self._log_ready = asyncio.Event()
         self._broadcast: list[BroadcastHandler] = []
         self._records: dict[tuple[str, str], dict[str, bytes]] = {}
@@ -264,15 +267,42 @@ class MemoryBackend:
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
         return [await self.publish(change) for change in changes]
 
+    def _hold(self, consumer: str) -> bool:
+        """The log's lease, as on Redis: one consumer reads at a time, so changes keep their order.
+
+        A consumer that takes the lease over first finishes what the last holder left pending.
+        """
+        now = time.monotonic()
+        holder = self._holder
+        if holder is not None and holder[0] != consumer and holder[1] > now:
+            return False
+        if holder is None or holder[0] != consumer:
+            self._sweep = deque(cid for cid, (owner, _, _) in self._pending.items() if owner != consumer)
+        self._holder = (consumer, now + self.settings.fanout_claim_idle_ms / 1000)
+        return True
+
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        if not self._hold(consumer):
+            await asyncio.sleep(min(block_ms, self.settings.fanout_claim_idle_ms // 3) / 1000)
+            return []
+        now = time.monotonic()
+        taken: list[tuple[str, Change]] = []
+        while self._sweep and len(taken) < count:
+            change_id = self._sweep.popleft()
+            found = self._pending.get(change_id)
+            if found is not None:  # not acknowledged meanwhile
+                self._pending[change_id] = (consumer, now, found[2])
+                taken.append((change_id, found[2]))
+        if taken:
+            return taken
         if not self._log and block_ms > 0:
             self._log_ready.clear()
             try:
-                await asyncio.wait_for(self._log_ready.wait(), block_ms / 1000)
+                # At most a third of the lease: an idle holder comes back to renew it.
+                lease_third = self.settings.fanout_claim_idle_ms // 3
+                await asyncio.wait_for(self._log_ready.wait(), min(block_ms, lease_third) / 1000)
             except TimeoutError:
                 return []
-        taken: list[tuple[str, Change]] = []
-        now = time.monotonic()
         while self._log and len(taken) < count:
             change_id, change = self._log.popleft()
             self._pending[change_id] = (consumer, now, change)
@@ -284,6 +314,8 @@ class MemoryBackend:
             self._pending.pop(change_id, None)
 
     async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
+        if not self._hold(consumer):
+            return []
         now = time.monotonic()
         claimed: list[tuple[str, Change]] = []
         for change_id, (_, since, change) in list(self._pending.items()):

@@ -58,6 +58,17 @@ async def short_ttl_backend(request: pytest.FixtureRequest) -> AsyncIterator[Bac
     await impl.close()
 
 
+@pytest.fixture(params=BACKENDS)
+async def short_lease_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """A backend whose fan-out consumers lose the change log a fifth of a second after their last read."""
+    settings = Settings(_env_file=None, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
+                        fanout_claim_idle_ms=200)
+    impl = await make_backend(request.param, settings, request)
+    await impl.start()
+    yield impl
+    await impl.close()
+
+
 # -- sessions ----------------------------------------------------------------------------------
 
 
@@ -450,13 +461,35 @@ async def test_a_published_change_is_read_back_intact(backend: Backend) -> None:
     assert await backend.read_changes("c1", 10, 100) == [(change_id, change)]
 
 
-async def test_each_change_goes_to_exactly_one_consumer_in_order(backend: Backend) -> None:
+async def test_one_consumer_reads_the_log_at_a_time_so_changes_keep_their_order(backend: Backend) -> None:
     changes = [Change("t1", f"x:{n}") for n in range(10)]
     ids = [await backend.publish(change) for change in changes]
     first = await backend.read_changes("c1", 4, 100)
-    second = await backend.read_changes("c2", 100, 100)
+    # c1 holds the log for fanout_claim_idle_ms (5 s here) after each read: c2 reading now
+    # would fan out changes 5..10 beside c1's 1..4, and a URI's frames could cross.
+    assert await backend.read_changes("c2", 100, 50) == []
+    assert await backend.claim_changes("c2", 0, 100) == []
+    second = await backend.read_changes("c1", 100, 100)
     assert first + second == list(zip(ids, changes, strict=True))
-    assert await backend.read_changes("c3", 100, 50) == []
+    assert await backend.read_changes("c1", 100, 50) == []
+
+
+async def test_a_consumer_that_takes_over_first_finishes_what_the_last_one_left(
+        short_lease_backend: Backend) -> None:
+    backend = short_lease_backend
+    changes = [Change("t1", f"x:{n}") for n in range(6)]
+    ids = [await backend.publish(change) for change in changes]
+    taken = await backend.read_changes("dead", 2, 100)
+    assert [cid for cid, _ in taken] == ids[:2]
+    await backend.ack_changes([ids[0]])  # it finished one of its two, then died
+    read: list[tuple[str, Change]] = []
+
+    async def taken_over() -> bool:
+        read.extend(await backend.read_changes("alive", 100, 50))
+        return len(read) == 5
+
+    await eventually(taken_over, "the lease of the dead consumer to lapse")
+    assert read == list(zip(ids[1:], changes[1:], strict=True))
 
 
 async def test_changes_published_together_are_read_in_the_order_given_per_tenant(backend: Backend) -> None:
@@ -476,7 +509,9 @@ async def test_a_blocked_read_returns_as_soon_as_a_change_is_published(backend: 
     assert await asyncio.wait_for(reader, TIMEOUT) == [(change_id, Change("t1", "x:a"))]
 
 
-async def test_an_unacknowledged_change_is_claimed_by_another_consumer_once_stale(backend: Backend) -> None:
+async def test_an_unacknowledged_change_is_claimed_by_another_consumer_once_stale(
+        short_lease_backend: Backend) -> None:
+    backend = short_lease_backend
     change_id = await backend.publish(Change("t1", "x:a"))
     taken = await backend.read_changes("dead", 10, 100)
     assert [cid for cid, _ in taken] == [change_id]
@@ -491,14 +526,14 @@ async def test_an_unacknowledged_change_is_claimed_by_another_consumer_once_stal
     await eventually(stale, "the pending change to become claimable")
     assert claimed == [(change_id, Change("t1", "x:a"))]
     await backend.ack_changes([change_id])
-    assert await backend.claim_changes("other", 0, 10) == []
+    assert await backend.claim_changes("alive", 0, 10) == []
 
 
 async def test_an_acknowledged_change_is_never_claimed(backend: Backend) -> None:
     await backend.publish(Change("t1", "x:a"))
     taken = await backend.read_changes("c1", 10, 100)
     await backend.ack_changes([cid for cid, _ in taken])
-    assert await backend.claim_changes("c2", 0, 10) == []
+    assert await backend.claim_changes("c1", 0, 10) == []
 
 
 # -- broadcast -----------------------------------------------------------------------------------

@@ -121,3 +121,48 @@ async def test_a_modern_listen_receives_changes_published_through_other_workers(
             message = await stream.next()
             assert message is not None and message["params"]["uri"] == uri
     assert writers - {listen_worker}
+
+
+@pytest.mark.timeout(60)
+async def test_the_notifications_of_a_uri_arrive_in_the_order_of_its_changes(
+        deployment: Deployment, http: httpx.AsyncClient) -> None:
+    """Every worker fans out, and each takes its batches from the one change log: the frames of a
+    URI must still leave in the order its changes were published, on the legacy stream and on a
+    listen. A client that kept the newest notification of a URI would otherwise keep an old one."""
+    writers, per_writer, posts, size = 4, 3, 10, 100
+    targets = uris(writers * per_writer)
+    last = {uri: -1 for uri in targets}
+
+    async def write(k: int) -> None:
+        mine = targets[k * per_writer:(k + 1) * per_writer]
+        for post in range(posts):
+            body = []
+            for i in range(size):
+                seq = post * size + i
+                uri = mine[seq % per_writer]
+                body.append({"uri": uri, "meta": {"seq": seq}})
+                last[uri] = seq
+            assert (await http.post("/changes", json=body)).status_code == 202
+
+    def in_order(seen: dict[str, list[int]]) -> None:
+        for uri, seqs in seen.items():
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), f"{uri}: {seqs}"
+
+    mcp = await McpSession(http).initialize()
+    await mcp.subscribe(*targets)
+    legacy: dict[str, list[int]] = {uri: [] for uri in targets}
+    modern: dict[str, list[int]] = {uri: [] for uri in targets}
+    async with mcp.stream() as stream, listen(http, targets) as listening:
+        await stream.next_event()
+        assert (await listening.next())["method"] == "notifications/subscriptions/acknowledged"  # type: ignore[index]
+        await asyncio.gather(*(write(k) for k in range(writers)))
+        async with asyncio.timeout(30):
+            while any(not seqs or seqs[-1] != last[uri] for uri, seqs in legacy.items()):
+                params = (await stream.next_message()).message["params"]
+                legacy[params["uri"]].append(params["_meta"]["seq"])
+            while any(not seqs or seqs[-1] != last[uri] for uri, seqs in modern.items()):
+                message = await listening.next()
+                assert message is not None
+                modern[message["params"]["uri"]].append(message["params"]["_meta"]["seq"])
+    in_order(legacy)
+    in_order(modern)

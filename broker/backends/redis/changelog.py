@@ -5,6 +5,14 @@ Redis at first start (``P:partitions``) and the stored value wins over the setti
 tenant's records live under its partition's hash tag and must not move. Change ids are
 ``<partition>:<stream id>``. Entries beyond ``changelog_maxlen`` per partition are trimmed
 approximately, even if pending: a fan-out that falls that far behind loses the oldest changes.
+
+Each partition is read by one fan-out consumer at a time, the holder of its lease
+(``P:{c:<n>}:lease``). Consumers that read one partition side by side would append a URI's
+changes to an inbox out of order (a later frame, then an earlier one; a slow reader keeping the
+newest frame of a URI would keep the wrong one), and the same on the listen broadcast. So
+ordering holds per partition, and fan-out work spreads over workers by partition. A holder
+that stops renewing (it died, or one batch took longer than the lease) loses the partition to
+the next consumer that asks, which first takes over what it left pending (at least once).
 """
 
 from __future__ import annotations
@@ -31,6 +39,22 @@ __all__ = ["ChangeLog"]
 logger = logging.getLogger(__name__)
 
 
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class _Holding:
+    """The partitions one consumer holds, and those it took over whose pending changes it has yet to sweep."""
+
+    __slots__ = ("held", "sweep")
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        #: partition -> XAUTOCLAIM cursor of the sweep still to finish
+        self.sweep: dict[int, str] = {}
+
+
 class ChangeLog:
     """Change-log and record operations; the caller translates connection errors."""
 
@@ -45,6 +69,8 @@ class ChangeLog:
         self._unreadable: list[str] = []
         # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
         self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
+        self._lease_ms = max(settings.fanout_claim_idle_ms, 30)
+        self._holding: dict[str, _Holding] = {}
 
     async def start(self) -> None:
         stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
@@ -139,26 +165,92 @@ class ChangeLog:
         await self._drop_unreadable()
         return out
 
+    async def _hold(self, consumer: str) -> _Holding:
+        """Take or keep the lease of every partition nobody else holds; one round trip on a single node."""
+        holding = self._holding.get(consumer)
+        if holding is None:
+            holding = self._holding[consumer] = _Holding()
+        batch = Batch(self.client)
+        for partition in range(self.partitions):
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
+        results = await batch.execute()
+        holding.held = []
+        for partition, result in enumerate(results):
+            if int(result):
+                holding.held.append(partition)
+                if int(result) == 2:
+                    holding.sweep[partition] = "0-0"  # the last holder's unfinished changes come first
+            else:
+                holding.sweep.pop(partition, None)
+        return holding
+
+    async def _autoclaim(self, partition: int, consumer: str, min_idle_ms: int, start: str,
+                         count: int) -> tuple[str, list[tuple[str, Change]]]:
+        """XAUTOCLAIM from ``start``: the next cursor (``0-0`` at the end) and what was claimed."""
+        try:
+            reply = await self.client.xautoclaim(self.keys.log(partition), FANOUT_GROUP, consumer,
+                                                 min_idle_ms, start_id=start, count=count)
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                return "0-0", []
+            raise
+        cursor, claimed = as_text(reply[0]), self._parse(partition, reply[1])
+        if claimed and cursor != "0-0" and _stream_id(cursor) <= _stream_id(claimed[-1][0].partition(":")[2]):
+            # fakeredis answers the last id it claimed, where Redis answers the next one to scan.
+            ms, seq = _stream_id(cursor)
+            cursor = f"{ms}-{seq + 1}"
+        return cursor, claimed
+
+    async def _sweep(self, consumer: str, holding: _Holding, count: int) -> list[tuple[str, Change]]:
+        """Changes a lapsed holder of a newly taken partition read and never acknowledged, oldest first."""
+        taken: list[tuple[str, Change]] = []
+        for partition, cursor in list(holding.sweep.items()):
+            while len(taken) < count:
+                start = cursor
+                cursor, claimed = await self._autoclaim(partition, consumer, 0, start, count - len(taken))
+                taken += claimed
+                if cursor == "0-0" or (cursor == start and not claimed):
+                    del holding.sweep[partition]
+                    break
+                holding.sweep[partition] = cursor
+        await self._drop_unreadable()
+        return taken
+
     async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        """Up to ``count`` changes of the partitions ``consumer`` holds, in log order per partition.
+
+        A partition is read by one consumer at a time (its lease, ``fanout_claim_idle_ms``
+        long, renewed by every read), so changes are fanned out in the order they were
+        published; a consumer that took a partition over first finishes what the last holder
+        left pending. Blocks for at most a third of the lease, so a holder that is idle keeps it.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(block_ms, 0) / 1000
-        every = list(range(self.partitions))
         while True:
             remaining = int((deadline - loop.time()) * 1000)
+            holding = await self._hold(consumer)
+            found = await self._sweep(consumer, holding, count) if holding.sweep else []
+            held = holding.held
+            chunk = min(remaining, self._max_block_ms, self._lease_ms // 3)
+            if found:
+                return found
+            if not held:
+                if chunk <= 0:
+                    return []
+                await asyncio.sleep(chunk / 1000)  # another consumer holds every partition: stand by
+                continue
             if not self.cluster:
-                chunk = min(remaining, self._max_block_ms)
-                found = await self._readgroup(consumer, every, count, chunk if chunk > 0 else None)
+                found = await self._readgroup(consumer, held, count, chunk if chunk > 0 else None)
             else:
                 # A blocking read spans one slot in Cluster: poll every partition, then block on one.
-                found = []
-                for p in every:
+                for p in held:
                     found += await self._readgroup(consumer, [p], count - len(found), None)
                     if len(found) >= count:
                         break
-                chunk = min(remaining, 100)
+                chunk = min(chunk, 100)
                 if not found and chunk > 0:
-                    self._rotate = (self._rotate + 1) % self.partitions
-                    found = await self._readgroup(consumer, [self._rotate], count, chunk)
+                    self._rotate = (self._rotate + 1) % len(held)
+                    found = await self._readgroup(consumer, [held[self._rotate]], count, chunk)
             if found or loop.time() >= deadline:
                 return found
             if chunk > 0 and loop.time() < deadline - chunk / 1000 + 0.005:
@@ -176,18 +268,13 @@ class ChangeLog:
         await batch.execute()
 
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
+        """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
+        holding = await self._hold(consumer)
         claimed: list[tuple[str, Change]] = []
-        for partition in range(self.partitions):
+        for partition in holding.held:
             if len(claimed) >= count:
                 break
-            try:
-                reply = await self.client.xautoclaim(self.keys.log(partition), FANOUT_GROUP, consumer,
-                                                     min_idle_ms, start_id="0-0", count=count - len(claimed))
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    continue
-                raise
-            claimed += self._parse(partition, reply[1])
+            claimed += (await self._autoclaim(partition, consumer, min_idle_ms, "0-0", count - len(claimed)))[1]
         await self._drop_unreadable()
         return claimed
 

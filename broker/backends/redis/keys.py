@@ -15,6 +15,7 @@ key                            type        what
 ``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
 ``P:{i:<tenant>:<uri>}``       set         the index: session ids subscribed to one URI
 ``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
+``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
@@ -81,6 +82,10 @@ class Keys:
 
     def log(self, partition: int) -> str:
         return f"{self.prefix}:{{c:{partition}}}:log"
+
+    def lease(self, partition: int) -> str:
+        """Which fan-out consumer holds the partition (it alone reads it, so changes keep their order)."""
+        return f"{self.prefix}:{{c:{partition}}}:lease"
 
     def records(self, partition: int, tenant: str, collection: str) -> str:
         return f"{self.prefix}:{{c:{partition}}}:rec:{tenant}/{collection}"

@@ -29,6 +29,7 @@ NAMES = (
     "stream_claim",
     "record_write",
     "record_delete",
+    "partition_lease",
 )
 
 
@@ -55,4 +56,5 @@ class Scripts:
         self.stream_claim: AsyncScript = loaded["stream_claim"]
         self.record_write: AsyncScript = loaded["record_write"]
         self.record_delete: AsyncScript = loaded["record_delete"]
+        self.partition_lease: AsyncScript = loaded["partition_lease"]
         self.all = list(loaded.values())

@@ -1,0 +1,12 @@
+-- KEYS: the lease of one change-log partition. ARGV: consumer, ttl_ms.
+-- The consumer holds the partition for ttl_ms more when it held it or nobody did. Returns 1
+-- when it already held it, 2 when it has just taken it (the last holder's pending changes are
+-- now its own to finish first), 0 when another consumer holds it.
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
