@@ -12,7 +12,7 @@ from broker.backends import Backend, create_backend
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.delivery import Hub
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.fanout import Fanout
 from broker.methods import Methods
 from broker.protocol.messages import SERVER_INFO_KEY
@@ -23,6 +23,9 @@ from broker.sessions import Sessions
 __all__ = ["RUNNING", "Broker"]
 
 logger = logging.getLogger(__name__)
+
+#: Rounds of cancel-and-wait (a second each) before shutdown gives up on a task that will not end.
+STOP_ATTEMPTS = 5
 
 #: Brokers started in this process, so the server can end their streams on SIGTERM.
 RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -79,10 +82,20 @@ class Broker:
     async def stop(self) -> None:
         RUNNING.discard(self)
         await self.hub.shutdown()
+        # A task that died of its own error must not keep the backend open, and one that did not
+        # end when cancelled (see raise_if_cancelled) must not keep the process from exiting.
+        running = set(self._tasks)
+        for _ in range(STOP_ATTEMPTS):
+            if not running:
+                break
+            for task in running:
+                task.cancel()
+            _, running = await asyncio.wait(running, timeout=1.0)
+        if running:
+            logger.error("tasks still running at shutdown: %s", ", ".join(t.get_name() for t in running))
         for task in self._tasks:
-            task.cancel()
-        # A task that died of its own error must not keep the backend open.
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: it ended either way
         self._tasks.clear()
         await self.backend.close()
         self.started = False
@@ -95,7 +108,9 @@ class Broker:
                 expired = await self.backend.expire_sessions()
                 if expired:
                     logger.info("expired %d idle sessions", expired)
-            except BackendUnavailable:
-                logger.warning("session expiry skipped: backend unavailable")
-            except Exception:  # the loop's boundary: expiry must go on after any one failure
-                logger.exception("session expiry failed")
+            except Exception as exc:  # the loop's boundary: expiry must go on after any one failure
+                raise_if_cancelled()
+                if isinstance(exc, BackendUnavailable):
+                    logger.warning("session expiry skipped: backend unavailable")
+                else:
+                    logger.exception("session expiry failed")

@@ -46,7 +46,7 @@ from typing import Any, Final, Protocol
 from broker.backends.base import CLOSE_ALL, Backend, Frame, InboxRead, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.frames import LIST_CHANGED, update_frame
 from broker.protocol import messages
 from broker.uris import notify_targets
@@ -485,6 +485,7 @@ class Hub:
                 try:
                     await self._check_backend(sids)
                 except Exception:  # the timer's boundary: keep-alives must outlive any one failure
+                    raise_if_cancelled()
                     logger.exception("backend check of open streams failed")
 
     async def _check_backend(self, sids: list[str]) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.resources.static import StaticProvider, StaticResource, Template
 from broker.uris import record_uri
 
@@ -58,5 +58,6 @@ async def run_demo(broker: Broker) -> None:
                                          {"text": "Subscribe to the clock record and watch it tick."})
             await broker.records.put(tenant, COLLECTION, RECORD, {"tick": tick, "time": time.time()})
         except BackendUnavailable:
+            raise_if_cancelled()
             logger.warning("demo: backend unavailable")
         await asyncio.sleep(broker.settings.demo_interval)

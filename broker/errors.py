@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 __all__ = [
     "BackendUnavailable",
     "BrokerError",
@@ -9,7 +11,21 @@ __all__ = [
     "NotFound",
     "SessionNotFound",
     "WriteConflict",
+    "raise_if_cancelled",
 ]
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that reached a loop's error boundary as some other error.
+
+    A task cancelled inside a Redis call can see a timeout or connection error instead of
+    ``CancelledError`` (the client's own timeouts race the cancellation), which a loop that
+    survives errors would catch and retry forever: a worker whose fan-out task swallowed its
+    cancellation that way never finished shutting down. Every such loop calls this first.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class BrokerError(Exception):

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from broker.backends.base import Backend, Frame
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.frames import LIST_CHANGED, update_frame
 from broker.uris import notify_targets
 
@@ -121,6 +121,7 @@ class Fanout:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the fan-out boundary: log, back off, keep the worker alive
+                raise_if_cancelled()
                 failed = batch
                 if isinstance(exc, BackendUnavailable):
                     logger.warning("fan-out paused: backend unavailable; retrying in %.2fs", backoff)

@@ -22,7 +22,7 @@ from typing import Any
 from redis import exceptions as rexc
 
 from broker.backends.redis.connection import unavailable
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, raise_if_cancelled
 
 __all__ = ["WakeBus"]
 
@@ -136,6 +136,7 @@ class WakeBus:
             except asyncio.CancelledError:
                 raise
             except (BackendUnavailable, rexc.RedisError, OSError) as exc:
+                raise_if_cancelled()
                 self._ready.clear()
                 self._fail_waiters(exc)
                 await self._drop()

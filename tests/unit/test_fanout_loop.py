@@ -1,0 +1,79 @@
+"""The fan-out loop: it ends when cancelled, and a batch that failed goes before anything newer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from broker.backends.base import Frame, SessionRecord
+from broker.backends.memory import MemoryBackend
+from broker.changes import Change
+from broker.config import Settings
+from broker.errors import BackendUnavailable
+from broker.fanout import Fanout
+
+
+def settings() -> Settings:
+    return Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+class CancelBecomesTimeout(MemoryBackend):
+    """A read that turns its cancellation into an outage, as a Redis client's own timeout can."""
+
+    async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise BackendUnavailable("timeout reading from redis") from None
+        return []
+
+
+async def test_a_cancelled_fanout_ends_even_when_the_cancellation_surfaces_as_an_outage() -> None:
+    backend = CancelBecomesTimeout(settings())
+    task = asyncio.create_task(Fanout(settings(), backend).run())
+    await asyncio.sleep(0.05)  # blocked in its read
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert task in done and task.cancelled()
+
+
+class FailsOnce(MemoryBackend):
+    """Appending to inboxes fails once, as Redis going away for a moment does."""
+
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
+        self.failed = False
+        self.appended: list[bytes] = []
+
+    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        if not self.failed:
+            self.failed = True
+            raise BackendUnavailable("redis went away")
+        self.appended += [frame.data for _, frame in batch]
+        return await super().append_frames(batch)
+
+
+async def test_a_batch_that_failed_is_fanned_out_again_before_anything_newer() -> None:
+    s = settings().model_copy(update={"fanout_batch": 1})
+    backend = FailsOnce(s)
+    await backend.start()
+    record = SessionRecord(id="s1", tenant="t", principal="t/anon", protocol_version="2025-11-25",
+                           epoch=backend.epoch, created_at=time.time())
+    await backend.create_session(record)
+    await backend.add_subscription(record.id, "t", "x:a")
+    for n in range(3):
+        await backend.publish(Change("t", "x:a", meta={"n": n}))
+    task = asyncio.create_task(Fanout(s, backend).run())
+    try:
+        async with asyncio.timeout(5):
+            while len(backend.appended) < 3:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert [n for data in backend.appended for n in range(3) if f'"n":{n}'.encode() in data] == [0, 1, 2]
+    await backend.close()
