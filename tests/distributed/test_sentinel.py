@@ -213,7 +213,7 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
                 await backend.create_session(fresh)
                 return bool(await on_new.exists(backend.keys.session(fresh.id).meta)) or None
 
-            await eventually(lands_on_new_master, 3, "a new session to be created on the new master")
+            await eventually(lands_on_new_master, 8, "a new session to be created on the new master")
 
         # What was written before the failover is all there, under the same epoch: no gap.
         assert await backend.get_session(session.id) == session
@@ -221,11 +221,11 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
         assert (read.gap, read.frames) == (False, [(1, Frame("u:before", b"1"))])
 
         # The watching stream is told to re-read once its pub/sub moved to the new master ...
-        resync = await asyncio.wait_for(wakes.get(), 5)
+        resync = await asyncio.wait_for(wakes.get(), 10)
         assert (resync.kind, resync.frame) == ("frames", None)
         # ... and is woken with the next frame from there (or told to re-read again, and finds it).
         await backend.append_frames([(session.id, Frame("u:after", b"2"))])
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while (wake := await asyncio.wait_for(wakes.get(), deadline - time.monotonic())).frame is None:
             reread = await backend.read_inbox(session.id, session.epoch, 1, 10)
             if reread.frames:
