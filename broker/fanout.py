@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: Times a batch that fails for a reason other than the backend is retried before the next one.
 POISON_ATTEMPTS = 3
+#: Seconds a stopping consumer spends giving up its leases.
+RELEASE_TIMEOUT = 1.0
 
 def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[str]]:
     """Per tenant, the URIs to notify (each with the newest change behind it), and the tenants whose lists changed."""
@@ -95,7 +97,22 @@ class Fanout:
         self.processed += len(batch)
 
     async def run(self) -> None:
-        """Consume the change log until cancelled, surviving backend outages."""
+        """Consume the change log until cancelled, surviving backend outages.
+
+        On the way out the consumer gives up its leases, so another one takes its partitions
+        over at once instead of after ``fanout_claim_idle_ms`` (a rolling restart would stall
+        fan-out that long otherwise).
+        """
+        try:
+            await self._consume()
+        finally:
+            try:
+                async with asyncio.timeout(RELEASE_TIMEOUT):
+                    await self.backend.release_changes(self.name)
+            except (BackendUnavailable, TimeoutError):
+                pass  # the leases lapse by themselves
+
+    async def _consume(self) -> None:
         settings = self.settings
         backoff = 0.05
         claim_every = max(settings.fanout_claim_idle_ms / 1000, 0.5)

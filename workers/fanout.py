@@ -2,7 +2,9 @@
 
 Run it when HTTP workers should not spend CPU on fan-out (``MCP_BROKER_EMBEDDED_FANOUT=false``
 on them). Any number of these may run: the change log's consumer group gives each change to
-one consumer, and a crashed consumer's pending changes are claimed by the others.
+one consumer, each partition of the log is read by one consumer at a time (so a URI's changes
+keep their order), and the others stand by: they take a partition over when its holder stops
+or dies, with the changes it left pending.
 """
 
 from __future__ import annotations

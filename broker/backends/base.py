@@ -35,8 +35,12 @@ Inboxes
 Change log
     ``publish`` appends a change durably and returns its id. ``read_changes`` hands each
     change to exactly one consumer of the fan-out group; it stays pending until ``ack_changes``.
-    ``claim_changes`` moves changes that stayed pending longer than ``min_idle_ms`` (their
-    consumer died) to the caller: delivery is at least once.
+    Each partition of the log is read by one consumer at a time, the holder of its lease
+    (renewed by every read, lapsing ``fanout_claim_idle_ms`` after the last), so changes are
+    fanned out in the order they were published; a consumer that takes a partition over first
+    gets what the last holder left pending. ``claim_changes`` moves changes that stayed pending
+    longer than ``min_idle_ms`` to the caller: delivery is at least once. ``release_changes``
+    gives up a consumer's leases (it is stopping), so another takes over at once.
 
 Listen broadcast
     ``broadcast`` delivers a change that fan-out processed to every worker's ``on_broadcast``
@@ -260,6 +264,8 @@ class Backend(Protocol):
     async def ack_changes(self, ids: Sequence[str]) -> None: ...
 
     async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]: ...
+
+    async def release_changes(self, consumer: str) -> None: ...
 
     async def broadcast(self, changes: Sequence[Change]) -> None: ...
 

@@ -313,6 +313,10 @@ class MemoryBackend:
         for change_id in ids:
             self._pending.pop(change_id, None)
 
+    async def release_changes(self, consumer: str) -> None:
+        if self._holder is not None and self._holder[0] == consumer:
+            self._holder = None
+
     async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
         if not self._hold(consumer):
             return []

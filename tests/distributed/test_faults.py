@@ -18,9 +18,10 @@ import psutil
 import pytest
 from redis import Redis
 
-from tests.distributed.conftest import Deployment
+from tests.distributed.conftest import WORKER_ENV, Deployment
 from tests.distributed.scenario import LIST_CHANGED, UPDATED, served, steer, uris
 from tests.integration.mcp_http import McpSession, SSEStream, StreamEnded, publish
+from tests.support import BrokerProcess, RedisProcess, wait_until
 
 
 class Coverage:
@@ -313,3 +314,31 @@ async def test_a_client_that_never_reads_does_not_grow_its_worker(own_deployment
     assert inbox_len <= 500 + 200  # MAXLEN ~ trims whole stream nodes
 
 
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_stopped_with_sigterm_hands_fanout_over_at_once() -> None:
+    """The lease of a stopping worker is given up, not left to lapse: with a 30 s lease, a change
+    published right after the holder stopped is still delivered within seconds."""
+    env = {**WORKER_ENV, "MCP_BROKER_FANOUT_CLAIM_IDLE_MS": "30000"}
+    with RedisProcess() as redis:
+        env["MCP_BROKER_REDIS_URL"] = redis.url
+        first = BrokerProcess(env=env)
+        try:
+            with Redis.from_url(redis.url) as raw:
+                wait_until(lambda: raw.get("mcpb:{c:0}:lease") is not None, what="the first worker's lease")
+                holder = raw.get("mcpb:{c:0}:lease")
+            with BrokerProcess(env=env) as second:
+                async with httpx.AsyncClient(base_url=second.url, timeout=10) as http:
+                    mcp = await McpSession(http).initialize()
+                    await mcp.subscribe("https://example.com/handover")
+                    async with mcp.stream() as stream:
+                        await stream.next_event()
+                        # uvicorn re-raises the signal once it has shut down gracefully.
+                        assert first.terminate() in (0, -signal.SIGTERM)
+                        with Redis.from_url(redis.url) as raw:
+                            assert raw.get("mcpb:{c:0}:lease") != holder
+                        await publish(http, "https://example.com/handover")
+                        assert (await stream.next_message(timeout=10)).uri == "https://example.com/handover"
+        finally:
+            first.kill()

@@ -522,6 +522,10 @@ class RedisBackend:
         with unavailable("claim_changes"):
             return await self.changelog.claim(consumer, min_idle_ms, count)
 
+    async def release_changes(self, consumer: str) -> None:
+        with unavailable("release_changes"):
+            await self.changelog.release(consumer)
+
     async def broadcast(self, changes: Sequence[Change]) -> None:
         if not changes:
             return

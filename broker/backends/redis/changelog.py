@@ -267,6 +267,16 @@ class ChangeLog:
             batch.pipe.xack(self.keys.log(partition), FANOUT_GROUP, *entry_ids)
         await batch.execute()
 
+    async def release(self, consumer: str) -> None:
+        """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""
+        holding = self._holding.pop(consumer, None)
+        if holding is None or not holding.held:
+            return
+        batch = Batch(self.client)
+        for partition in holding.held:
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        await batch.execute()
+
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
         """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
         holding = await self._hold(consumer)

@@ -1,8 +1,16 @@
 -- KEYS: the lease of one change-log partition. ARGV: consumer, ttl_ms.
 -- The consumer holds the partition for ttl_ms more when it held it or nobody did. Returns 1
 -- when it already held it, 2 when it has just taken it (the last holder's pending changes are
--- now its own to finish first), 0 when another consumer holds it.
+-- now its own to finish first), 0 when another consumer holds it. A ttl of 0 releases the
+-- partition when the consumer holds it (returns 1) and takes nothing (returns 0 otherwise).
 local holder = redis.call('GET', KEYS[1])
+if ARGV[2] == '0' then
+  if holder == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
+end
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
