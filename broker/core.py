@@ -94,8 +94,8 @@ class Broker:
         if running:
             logger.error("tasks still running at shutdown: %s", ", ".join(t.get_name() for t in running))
         for task in self._tasks:
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: it ended either way
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                logger.error("task %s had failed", task.get_name(), exc_info=task.exception())
         self._tasks.clear()
         await self.backend.close()
         self.started = False

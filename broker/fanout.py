@@ -8,8 +8,9 @@ that dies before acknowledging leaves its batch pending; another claims it after
 harmless because every notification is a level trigger.
 
 Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
-that failed is retried before anything newer is read, so the notifications of one URI leave
-in the order its changes were published.
+that failed is handed out again before anything newer, so the notifications of one URI leave
+in the order its changes were published. A batch that fails three times in a row for a reason
+other than the backend is dropped, with its ids in the log.
 
 Within a batch, repeated updates of one URI coalesce into one frame (the newest change's
 ``meta`` wins), and a tenant's ``list_changed`` is sent at most once.
@@ -18,6 +19,7 @@ Within a batch, repeated updates of one URI coalesce into one frame (the newest 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Sequence
@@ -111,43 +113,42 @@ class Fanout:
                     await self.backend.release_changes(self.name)
             except (BackendUnavailable, TimeoutError):
                 pass  # the leases lapse by themselves
+            except Exception:  # must not replace the CancelledError that is ending the task
+                logger.exception("fan-out could not give up its leases; they lapse by themselves")
 
     async def _consume(self) -> None:
         settings = self.settings
         backoff = 0.05
-        claim_every = max(settings.fanout_claim_idle_ms / 1000, 0.5)
-        loop = asyncio.get_running_loop()
-        next_claim = loop.time() + claim_every
-        #: A batch that failed: retried before anything newer, so a URI's frames keep their order.
-        failed: Sequence[tuple[str, Change]] = ()
+        #: The first change of the batch that failed last, and how many times in a row it did.
+        failing: str | None = None
         attempts = 0
         while True:
-            batch = failed
+            batch: Sequence[tuple[str, Change]] = ()
             try:
-                if not batch and loop.time() >= next_claim:
-                    next_claim = loop.time() + claim_every
-                    batch = await self.backend.claim_changes(self.name, settings.fanout_claim_idle_ms,
-                                                             settings.fanout_batch)
-                    if batch:
-                        logger.info("claimed %d changes left pending by a dead consumer", len(batch))
-                if not batch:
-                    batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
+                # A batch that failed stays pending, and the backend hands it out again before
+                # anything newer: a URI's frames keep their order.
+                batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
                 await self.process(batch)
-                failed, attempts = (), 0
+                failing, attempts = None, 0
                 backoff = 0.05
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the fan-out boundary: log, back off, keep the worker alive
                 raise_if_cancelled()
-                failed = batch
-                if isinstance(exc, BackendUnavailable):
-                    logger.warning("fan-out paused: backend unavailable; retrying in %.2fs", backoff)
-                elif (attempts := attempts + 1) < POISON_ATTEMPTS:
-                    logger.exception("fan-out batch failed; retrying it in %.2fs", backoff)
+                if isinstance(exc, BackendUnavailable) or not batch:
+                    logger.warning("fan-out paused: backend unavailable (%s); retrying in %.2fs", exc, backoff)
                 else:
-                    # Not the backend: the batch itself fails. It stays pending (claimed again
-                    # later) rather than holding up every change behind it.
-                    logger.exception("fan-out batch failed %d times; moving on", attempts)
-                    failed, attempts = (), 0
+                    attempts = attempts + 1 if batch[0][0] == failing else 1
+                    failing = batch[0][0]
+                    if attempts < POISON_ATTEMPTS:
+                        logger.exception("fan-out batch failed; retrying it in %.2fs", backoff)
+                    else:
+                        # Not the backend: the batch itself fails, every time. Dropped (with its
+                        # ids in the log) rather than holding up every change behind it.
+                        logger.exception("fan-out batch of %d changes failed %d times; dropping %s",
+                                         len(batch), attempts, ", ".join(cid for cid, _ in batch))
+                        with contextlib.suppress(BackendUnavailable):
+                            await self.backend.ack_changes([cid for cid, _ in batch])
+                        failing, attempts = None, 0
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -10,7 +10,6 @@ or dies, with the changes it left pending.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 
@@ -34,11 +33,18 @@ async def run(consumers: int = 1, settings: Settings | None = None) -> None:
     tasks = [asyncio.create_task(Fanout(settings, backend).run()) for _ in range(consumers)]
     logger.info("fan-out: %d consumer(s) running", consumers)
     await stop.wait()
+    running = set(tasks)
+    for _ in range(5):  # cancel-and-wait rounds, as the HTTP worker's shutdown does
+        if not running:
+            break
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=1.0)
+    if running:
+        logger.error("%d fan-out consumer(s) did not stop", len(running))
     for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("fan-out consumer failed", exc_info=task.exception())
     await backend.close()
 
 

@@ -65,7 +65,6 @@ class MemoryBackend:
         self._pending: dict[str, tuple[str, float, Change]] = {}
         #: The consumer that reads the log now, and until when (see ``_hold``).
         self._holder: tuple[str, float] | None = None
-        self._sweep: deque[str] = deque()
         self._log_ready = asyncio.Event()
         self._broadcast: list[BroadcastHandler] = []
         self._records: dict[tuple[str, str], dict[str, bytes]] = {}
@@ -268,39 +267,33 @@ class MemoryBackend:
         return [await self.publish(change) for change in changes]
 
     def _hold(self, consumer: str) -> bool:
-        """The log's lease, as on Redis: one consumer reads at a time, so changes keep their order.
-
-        A consumer that takes the lease over first finishes what the last holder left pending.
-        """
+        """The log's lease, as on Redis: one consumer reads at a time, so changes keep their order."""
         now = time.monotonic()
         holder = self._holder
         if holder is not None and holder[0] != consumer and holder[1] > now:
             return False
-        if holder is None or holder[0] != consumer:
-            self._sweep = deque(cid for cid, (owner, _, _) in self._pending.items() if owner != consumer)
         self._holder = (consumer, now + self.settings.fanout_claim_idle_ms / 1000)
         return True
 
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        # At most a third of the lease per wait: an idle holder comes back to renew it.
+        wait_ms = min(block_ms, max(self.settings.fanout_claim_idle_ms // 3, 10))
         if not self._hold(consumer):
-            await asyncio.sleep(min(block_ms, self.settings.fanout_claim_idle_ms // 3) / 1000)
+            await asyncio.sleep(wait_ms / 1000)
             return []
         now = time.monotonic()
         taken: list[tuple[str, Change]] = []
-        while self._sweep and len(taken) < count:
-            change_id = self._sweep.popleft()
-            found = self._pending.get(change_id)
-            if found is not None:  # not acknowledged meanwhile
-                self._pending[change_id] = (consumer, now, found[2])
-                taken.append((change_id, found[2]))
+        # While this consumer holds the log, whatever is pending was handed out and never
+        # acknowledged (its batch failed, or a lapsed holder's was cut short): that goes first.
+        for change_id, (_, _, change) in list(self._pending.items())[:count]:
+            self._pending[change_id] = (consumer, now, change)
+            taken.append((change_id, change))
         if taken:
             return taken
         if not self._log and block_ms > 0:
             self._log_ready.clear()
             try:
-                # At most a third of the lease: an idle holder comes back to renew it.
-                lease_third = self.settings.fanout_claim_idle_ms // 3
-                await asyncio.wait_for(self._log_ready.wait(), min(block_ms, lease_third) / 1000)
+                await asyncio.wait_for(self._log_ready.wait(), wait_ms / 1000)
             except TimeoutError:
                 return []
         while self._log and len(taken) < count:

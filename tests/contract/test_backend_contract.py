@@ -469,9 +469,23 @@ async def test_one_consumer_reads_the_log_at_a_time_so_changes_keep_their_order(
     # would fan out changes 5..10 beside c1's 1..4, and a URI's frames could cross.
     assert await backend.read_changes("c2", 100, 50) == []
     assert await backend.claim_changes("c2", 0, 100) == []
+    await backend.ack_changes([cid for cid, _ in first])
     second = await backend.read_changes("c1", 100, 100)
     assert first + second == list(zip(ids, changes, strict=True))
+    await backend.ack_changes([cid for cid, _ in second])
     assert await backend.read_changes("c1", 100, 50) == []
+
+
+async def test_what_a_consumer_did_not_acknowledge_is_handed_out_again_before_anything_newer(
+        backend: Backend) -> None:
+    changes = [Change("t1", f"x:{n}") for n in range(5)]
+    ids = [await backend.publish(change) for change in changes]
+    first = await backend.read_changes("c1", 3, 100)
+    await backend.ack_changes([first[0][0]])  # the batch failed after its first change
+    again = await backend.read_changes("c1", 100, 100)
+    assert again == list(zip(ids[1:3], changes[1:3], strict=True))
+    await backend.ack_changes([cid for cid, _ in again])
+    assert await backend.read_changes("c1", 100, 100) == list(zip(ids[3:], changes[3:], strict=True))
 
 
 async def test_a_consumer_that_takes_over_first_finishes_what_the_last_one_left(
@@ -485,8 +499,10 @@ async def test_a_consumer_that_takes_over_first_finishes_what_the_last_one_left(
     read: list[tuple[str, Change]] = []
 
     async def taken_over() -> bool:
-        read.extend(await backend.read_changes("alive", 100, 50))
-        return len(read) == 5
+        batch = await backend.read_changes("alive", 100, 50)
+        await backend.ack_changes([cid for cid, _ in batch])
+        read.extend(batch)
+        return len(read) >= 5
 
     await eventually(taken_over, "the lease of the dead consumer to lapse")
     assert read == list(zip(ids[1:], changes[1:], strict=True))
@@ -501,8 +517,11 @@ async def test_a_consumer_that_stops_hands_the_log_over_at_once(backend: Backend
     await backend.release_changes("stopping")
     await backend.release_changes("someone-else")  # releasing what one does not hold changes nothing
     # Without waiting out the lease (5 s here): the unfinished change first, then the rest.
-    read = await backend.read_changes("next", 100, 100)
-    read += await backend.read_changes("next", 100, 100)
+    read: list[tuple[str, Change]] = []
+    for _ in range(2):
+        batch = await backend.read_changes("next", 100, 100)
+        await backend.ack_changes([cid for cid, _ in batch])
+        read += batch
     assert read == list(zip(ids[1:], changes[1:], strict=True))
 
 

@@ -153,6 +153,7 @@ class RedisBackend:
         return True
 
     async def close(self) -> None:
+        self.changelog.close()
         if self._bus is not None:
             await self._bus.close()
         for client in (self.redis, self._pubsub_client):

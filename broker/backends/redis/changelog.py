@@ -10,9 +10,10 @@ Each partition is read by one fan-out consumer at a time, the holder of its leas
 (``P:{c:<n>}:lease``). Consumers that read one partition side by side would append a URI's
 changes to an inbox out of order (a later frame, then an earlier one; a slow reader keeping the
 newest frame of a URI would keep the wrong one), and the same on the listen broadcast. So
-ordering holds per partition, and fan-out work spreads over workers by partition. A holder
-that stops renewing (it died, or one batch took longer than the lease) loses the partition to
-the next consumer that asks, which first takes over what it left pending (at least once).
+ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for
+longer than its heartbeat lasts) loses the partition to the next consumer that asks, which
+first takes over what it left pending (at least once). A consumer takes every free partition:
+the others stand by.
 """
 
 from __future__ import annotations
@@ -44,15 +45,28 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class _Holding:
-    """The partitions one consumer holds, and those it took over whose pending changes it has yet to sweep."""
+#: How many leases' time a consumer's heartbeat keeps its partitions while it works on one batch.
+HEARTBEAT_LEASES = 10
 
-    __slots__ = ("held", "sweep")
+
+class _Holding:
+    """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
+
+    __slots__ = ("handed", "heartbeat", "held", "sweep")
 
     def __init__(self) -> None:
         self.held: list[int] = []
-        #: partition -> XAUTOCLAIM cursor of the sweep still to finish
+        #: partition -> XAUTOCLAIM cursor of a sweep still to finish
         self.sweep: dict[int, str] = {}
+        #: Ids of the last read not acknowledged yet: any left at the next read failed.
+        self.handed: set[str] = set()
+        #: Renews the leases while the caller works on what it read.
+        self.heartbeat: asyncio.Task[None] | None = None
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+            self.heartbeat = None
 
 
 class ChangeLog:
@@ -165,24 +179,51 @@ class ChangeLog:
         await self._drop_unreadable()
         return out
 
-    async def _hold(self, consumer: str) -> _Holding:
-        """Take or keep the lease of every partition nobody else holds; one round trip on a single node."""
+    def _holding_of(self, consumer: str) -> _Holding:
         holding = self._holding.get(consumer)
         if holding is None:
             holding = self._holding[consumer] = _Holding()
+        return holding
+
+    async def _hold(self, consumer: str) -> _Holding:
+        """Take or keep the lease of every partition nobody else holds; one round trip on a single node.
+
+        A partition this consumer did not hold after its last successful call is swept before
+        it is read: whoever held it last (or this consumer, before a failure) may have left
+        changes pending. The decision is made here, not from the script's "just taken" reply,
+        which a lost reply or a retried call would hide.
+        """
+        holding = self._holding_of(consumer)
+        before = set(holding.held)
+        holding.held = []  # until this call succeeds: a failure makes every partition new again
         batch = Batch(self.client)
         for partition in range(self.partitions):
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
         results = await batch.execute()
-        holding.held = []
-        for partition, result in enumerate(results):
-            if int(result):
-                holding.held.append(partition)
-                if int(result) == 2:
-                    holding.sweep[partition] = "0-0"  # the last holder's unfinished changes come first
-            else:
+        held = [partition for partition, result in enumerate(results) if int(result)]
+        for partition in range(self.partitions):
+            if partition not in held:
                 holding.sweep.pop(partition, None)
+            elif partition not in before:
+                holding.sweep.setdefault(partition, "0-0")
+        holding.held = held
         return holding
+
+    async def _beat(self, consumer: str, holding: _Holding) -> None:
+        """Keep the leases while the caller fans out what it read (a batch may outlast a lease).
+
+        For HEARTBEAT_LEASES leases at most: a consumer that has not come back to read by then
+        is taken to be stuck, and its partitions go to another.
+        """
+        for _ in range(HEARTBEAT_LEASES * 3):
+            await asyncio.sleep(self._lease_ms / 3000)
+            try:
+                batch = Batch(self.client)
+                for partition in holding.held:
+                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
+                await batch.execute()
+            except Exception:  # the next read renews, or sweeps what was lost
+                logger.debug("fan-out lease heartbeat failed", exc_info=True)
 
     async def _autoclaim(self, partition: int, consumer: str, min_idle_ms: int, start: str,
                          count: int) -> tuple[str, list[tuple[str, Change]]]:
@@ -220,10 +261,30 @@ class ChangeLog:
         """Up to ``count`` changes of the partitions ``consumer`` holds, in log order per partition.
 
         A partition is read by one consumer at a time (its lease, ``fanout_claim_idle_ms``
-        long, renewed by every read), so changes are fanned out in the order they were
-        published; a consumer that took a partition over first finishes what the last holder
-        left pending. Blocks for at most a third of the lease, so a holder that is idle keeps it.
+        long, renewed by every read and, while the caller works, by a heartbeat), so changes
+        are fanned out in the order they were published. What was handed out and not
+        acknowledged by the next read (the batch failed, or a reply was lost) is handed out
+        again first, oldest first, as is what a lapsed holder left pending in a partition taken
+        over. Blocks for at most a third of the lease, so a holder that is idle keeps it.
         """
+        holding = self._holding_of(consumer)
+        holding.stop_heartbeat()
+        if holding.handed:
+            holding.handed.clear()
+            for partition in holding.held:
+                holding.sweep[partition] = "0-0"
+        try:
+            found = await self._read(consumer, count, block_ms)
+        except BaseException:
+            # Whatever the server did: this consumer may now have entries pending it never saw.
+            holding.held = []
+            raise
+        if found:
+            holding.handed.update(change_id for change_id, _ in found)
+            holding.heartbeat = asyncio.create_task(self._beat(consumer, holding), name="fanout-lease")
+        return found
+
+    async def _read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(block_ms, 0) / 1000
         while True:
@@ -257,6 +318,8 @@ class ChangeLog:
                 await asyncio.sleep(0.01)  # the server did not block (fakeredis): poll instead
 
     async def ack(self, ids: Sequence[str]) -> None:
+        for holding in self._holding.values():
+            holding.handed.difference_update(ids)
         by_partition: dict[int, list[str]] = {}
         for change_id in ids:
             number, _, entry_id = change_id.partition(":")
@@ -270,23 +333,30 @@ class ChangeLog:
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""
         holding = self._holding.pop(consumer, None)
-        if holding is None or not holding.held:
+        if holding is None:
             return
+        holding.stop_heartbeat()
+        # Every partition, not only those of the last successful hold: a read cut short (the
+        # consumer is being cancelled) forgets what it held, and the script checks the holder.
         batch = Batch(self.client)
-        for partition in holding.held:
+        for partition in range(self.partitions):
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
         await batch.execute()
 
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
         """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
         holding = await self._hold(consumer)
-        claimed: list[tuple[str, Change]] = []
+        claimed = await self._sweep(consumer, holding, count) if holding.sweep else []
         for partition in holding.held:
             if len(claimed) >= count:
                 break
             claimed += (await self._autoclaim(partition, consumer, min_idle_ms, "0-0", count - len(claimed)))[1]
         await self._drop_unreadable()
         return claimed
+
+    def close(self) -> None:
+        for holding in self._holding.values():
+            holding.stop_heartbeat()
 
     # -- records ---------------------------------------------------------------------------
     def _record_keys(self, tenant: str, collection: str) -> list[str]:

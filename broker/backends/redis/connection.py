@@ -46,6 +46,7 @@ _UNREACHABLE = (
     rexc.TryAgainError,
     rexc.MasterDownError,
     rexc.SlotNotCoveredError,
+    rexc.OutOfMemoryError,  # maxmemory reached under noeviction: no write can succeed for now
     OSError,
 )
 
