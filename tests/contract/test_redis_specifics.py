@@ -203,3 +203,29 @@ async def test_a_watch_cancelled_while_subscribing_leaves_no_subscription_behind
 
 async def test_sharded_pubsub_is_used_where_the_server_has_it(backend: RedisBackend) -> None:
     assert backend.sharded and backend.publish_command == "SPUBLISH"  # redis-server >= 7
+
+
+async def test_with_several_partitions_fan_out_spreads_over_the_live_consumers() -> None:
+    backend = RedisBackend(settings_for(changelog_partitions=4), client_factory=fakeredis_factory())
+    await backend.start()
+    try:
+        held = backend.changelog._holding_of  # which partitions each consumer holds after its read
+        await backend.read_changes("a", 10, 0)
+        assert len(held("a").held) == 4  # alone: every partition
+        await backend.read_changes("b", 10, 0)  # b joins: nothing is free yet
+        await backend.read_changes("a", 10, 0)  # a sees two consumers and gives half up
+        await backend.read_changes("b", 10, 0)
+        assert len(held("a").held) == len(held("b").held) == 2
+        assert set(held("a").held).isdisjoint(held("b").held)
+        # Each change is read by the holder of its tenant's partition, and by nobody else.
+        tenants = [f"tenant-{n}" for n in range(40)]
+        for tenant in tenants:
+            await backend.publish(Change(tenant, "x:a"))
+        read = {name: [c.tenant for _, c in await backend.read_changes(name, 100, 0)] for name in ("a", "b")}
+        assert sorted(read["a"] + read["b"]) == sorted(tenants)
+        assert all(backend.changelog.partition(t) in held("a").held for t in read["a"])
+        await backend.release_changes("b")  # b stops: a takes everything back at its next read
+        await backend.read_changes("a", 10, 0)
+        assert len(held("a").held) == 4
+    finally:
+        await backend.close()

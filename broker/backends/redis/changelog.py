@@ -12,8 +12,8 @@ changes to an inbox out of order (a later frame, then an earlier one; a slow rea
 newest frame of a URI would keep the wrong one), and the same on the listen broadcast. So
 ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for
 longer than its heartbeat lasts) loses the partition to the next consumer that asks, which
-first takes over what it left pending (at least once). A consumer takes every free partition:
-the others stand by.
+first takes over what it left pending (at least once). Each live consumer holds its share of
+the partitions (see ``_hold``), so fan-out spreads over workers when there are several.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ HEARTBEAT_LEASES = 10
 class _Holding:
     """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
 
-    __slots__ = ("handed", "heartbeat", "held", "sweep")
+    __slots__ = ("handed", "heartbeat", "held", "sweep", "turn")
 
     def __init__(self) -> None:
         self.held: list[int] = []
+        self.turn = 0
         #: partition -> XAUTOCLAIM cursor of a sweep still to finish
         self.sweep: dict[int, str] = {}
         #: Ids of the last read not acknowledged yet: any left at the next read failed.
@@ -186,7 +187,13 @@ class ChangeLog:
         return holding
 
     async def _hold(self, consumer: str) -> _Holding:
-        """Take or keep the lease of every partition nobody else holds; one round trip on a single node.
+        """Keep the partitions this consumer holds and take free ones, up to its share.
+
+        The share is the partition count divided among the live consumers (a registry each
+        hold renews), so with several partitions fan-out spreads over the workers: a consumer
+        above its share gives the surplus up, one below it asks for every partition it does not
+        hold, from a place that moves with every call, and gives back what it got beyond its
+        share. One round trip for a single partition, two or three otherwise.
 
         A partition this consumer did not hold after its last successful call is swept before
         it is read: whoever held it last (or this consumer, before a failure) may have left
@@ -194,14 +201,34 @@ class ChangeLog:
         which a lost reply or a retried call would hide.
         """
         holding = self._holding_of(consumer)
-        before = set(holding.held)
+        before = holding.held
         holding.held = []  # until this call succeeds: a failure makes every partition new again
+        count = self.partitions
+        share = count
+        if count > 1:
+            live = await self.scripts.fanout_consumers(keys=[self.keys.fanout_consumers],
+                                                       args=[consumer, self._lease_ms])
+            share = -(-count // max(int(live), 1))
+        keep, surplus = before[:share], before[share:]
+        holding.turn += 1
+        start = (zlib.crc32(consumer.encode()) + holding.turn) % count
+        free = [p for p in ((start + i) % count for i in range(count)) if p not in before]
+        asked = keep + (free if len(keep) < share else [])
         batch = Batch(self.client)
-        for partition in range(self.partitions):
+        for partition in asked:
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
+        for partition in surplus:
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
         results = await batch.execute()
-        held = [partition for partition, result in enumerate(results) if int(result)]
-        for partition in range(self.partitions):
+        got = [partition for partition, result in zip(asked, results, strict=False) if int(result)]
+        if len(got) > share:  # took more free partitions than its share: give the extra back
+            got, extra = got[:share], got[share:]
+            batch = Batch(self.client)
+            for partition in extra:
+                batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+            await batch.execute()
+        held = sorted(got)
+        for partition in range(count):
             if partition not in held:
                 holding.sweep.pop(partition, None)
             elif partition not in before:
@@ -221,6 +248,8 @@ class ChangeLog:
                 batch = Batch(self.client)
                 for partition in holding.held:
                     batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
+                if self.partitions > 1:
+                    batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self._lease_ms])
                 await batch.execute()
             except Exception:  # the next read renews, or sweeps what was lost
                 logger.debug("fan-out lease heartbeat failed", exc_info=True)
@@ -341,6 +370,8 @@ class ChangeLog:
         batch = Batch(self.client)
         for partition in range(self.partitions):
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        if self.partitions > 1:
+            batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
         await batch.execute()
 
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:

@@ -16,6 +16,7 @@ key                            type        what
 ``P:{i:<tenant>:<uri>}``       set         the index: session ids subscribed to one URI
 ``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
 ``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
+``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
@@ -55,6 +56,7 @@ class Keys:
         self.partitions = f"{prefix}:partitions"
         self.registry = f"{prefix}:registry"
         self.broadcast = f"{prefix}:bcast"
+        self.fanout_consumers = f"{prefix}:fanout"
 
     def session(self, session_id: str) -> SessionKeys:
         base = f"{self.prefix}:{{s:{session_id}}}"

@@ -30,6 +30,7 @@ NAMES = (
     "record_write",
     "record_delete",
     "partition_lease",
+    "fanout_consumers",
 )
 
 
@@ -57,4 +58,5 @@ class Scripts:
         self.record_write: AsyncScript = loaded["record_write"]
         self.record_delete: AsyncScript = loaded["record_delete"]
         self.partition_lease: AsyncScript = loaded["partition_lease"]
+        self.fanout_consumers: AsyncScript = loaded["fanout_consumers"]
         self.all = list(loaded.values())
