@@ -9,8 +9,8 @@ harmless because every notification is a level trigger.
 
 Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
 that failed is handed out again before anything newer, so the notifications of one URI leave
-in the order its changes were published. A batch that fails three times in a row for a reason
-other than the backend is dropped, with its ids in the log.
+in the order its changes were published. A batch that keeps failing (three times and 30 s) for
+a reason other than the backend is dropped, with its ids in the log.
 
 Within a batch, repeated updates of one URI coalesce into one frame (the newest change's
 ``meta`` wins), and a tenant's ``list_changed`` is sent at most once.
@@ -19,7 +19,6 @@ Within a batch, repeated updates of one URI coalesce into one frame (the newest 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Sequence
@@ -35,8 +34,10 @@ __all__ = ["Fanout", "plan"]
 
 logger = logging.getLogger(__name__)
 
-#: Times a batch that fails for a reason other than the backend is retried before the next one.
+#: A batch that fails for a reason other than the backend this many times, over at least this
+#: many seconds, is dropped (a bug or an unreadable change, not a passing outage).
 POISON_ATTEMPTS = 3
+POISON_SECONDS = 30.0
 #: Seconds a stopping consumer spends giving up its leases.
 RELEASE_TIMEOUT = 1.0
 
@@ -122,6 +123,8 @@ class Fanout:
         #: The first change of the batch that failed last, and how many times in a row it did.
         failing: str | None = None
         attempts = 0
+        loop = asyncio.get_running_loop()
+        since = loop.time()
         while True:
             batch: Sequence[tuple[str, Change]] = ()
             try:
@@ -138,17 +141,22 @@ class Fanout:
                 if isinstance(exc, BackendUnavailable) or not batch:
                     logger.warning("fan-out paused: backend unavailable (%s); retrying in %.2fs", exc, backoff)
                 else:
-                    attempts = attempts + 1 if batch[0][0] == failing else 1
-                    failing = batch[0][0]
-                    if attempts < POISON_ATTEMPTS:
+                    if batch[0][0] != failing:
+                        failing, attempts, since = batch[0][0], 0, loop.time()
+                    attempts += 1
+                    if attempts < POISON_ATTEMPTS or loop.time() - since < POISON_SECONDS:
                         logger.exception("fan-out batch failed; retrying it in %.2fs", backoff)
                     else:
-                        # Not the backend: the batch itself fails, every time. Dropped (with its
-                        # ids in the log) rather than holding up every change behind it.
-                        logger.exception("fan-out batch of %d changes failed %d times; dropping %s",
-                                         len(batch), attempts, ", ".join(cid for cid, _ in batch))
-                        with contextlib.suppress(BackendUnavailable):
+                        # Not the backend: the batch itself fails, every time, for a while.
+                        # Dropped (its ids in the log) rather than holding up everything after it.
+                        logger.exception("fan-out batch of %d changes failed %d times in %.0fs; dropping %s",
+                                         len(batch), attempts, loop.time() - since,
+                                         ", ".join(cid for cid, _ in batch))
+                        try:
                             await self.backend.ack_changes([cid for cid, _ in batch])
+                        except Exception:  # it is handed out again and tried once more
+                            raise_if_cancelled()
+                            logger.exception("could not drop the failing batch")
                         failing, attempts = None, 0
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -229,3 +229,26 @@ async def test_with_several_partitions_fan_out_spreads_over_the_live_consumers()
         assert len(held("a").held) == 4
     finally:
         await backend.close()
+
+
+async def test_a_consumer_that_retakes_a_partition_finishes_what_the_holder_in_between_left() -> None:
+    backend = RedisBackend(settings_for(), client_factory=fakeredis_factory())
+    await backend.start()
+    try:
+        changes = [Change("t1", f"x:{n}") for n in range(4)]
+        ids = [await backend.publish(change) for change in changes]
+        first = await backend.read_changes("a", 1, 0)
+        await backend.ack_changes([cid for cid, _ in first])
+        backend.changelog._holding_of("a").stop_heartbeat()
+        await backend.redis.delete(backend.keys.lease(0))  # a's lease lapsed without a noticing
+        cut_short = await backend.read_changes("b", 1, 0)  # b takes over, reads one and stops
+        assert [cid for cid, _ in cut_short] == ids[1:2]
+        await backend.release_changes("b")
+        read: list[tuple[str, Change]] = []
+        for _ in range(2):
+            batch = await backend.read_changes("a", 10, 0)
+            await backend.ack_changes([cid for cid, _ in batch])
+            read += batch
+        assert read == list(zip(ids[1:], changes[1:], strict=True))
+    finally:
+        await backend.close()

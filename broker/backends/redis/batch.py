@@ -67,7 +67,9 @@ class Batch:
     def __len__(self) -> int:
         return len(self.pipe)
 
-    async def execute(self) -> list[Any]:
+    async def execute(self, raise_errors: bool = True) -> list[Any]:
+        """The replies in order; with ``raise_errors`` False a call that failed has its exception
+        in its place (on a single server a dropped connection still fails the whole batch)."""
         if not len(self.pipe):
             return []
         if self._cluster:
@@ -79,7 +81,7 @@ class Batch:
 
             replies = await asyncio.gather(*(bounded(call) for call in self.pipe.calls), return_exceptions=True)
             for reply in replies:
-                if isinstance(reply, BaseException):
+                if isinstance(reply, BaseException) and (raise_errors or not isinstance(reply, Exception)):
                     raise reply
             return list(replies)
         results: list[Any] = list(await self.pipe.execute(raise_on_error=False))
@@ -87,6 +89,6 @@ class Batch:
             if isinstance(result, NoScriptError) and i in self._scripts:
                 script, keys, args = self._scripts[i]
                 results[i] = await script(keys=keys, args=args)
-            elif isinstance(result, Exception):
+            elif isinstance(result, Exception) and raise_errors:
                 raise result
         return results

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
@@ -33,7 +33,7 @@ from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import WriteConflict
+from broker.errors import WriteConflict, raise_if_cancelled
 
 __all__ = ["ChangeLog"]
 
@@ -86,6 +86,8 @@ class ChangeLog:
         self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
         self._lease_ms = max(settings.fanout_claim_idle_ms, 30)
         self._holding: dict[str, _Holding] = {}
+        #: Live fan-out consumers, as the registry last said.
+        self._live = 1
 
     async def start(self) -> None:
         stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
@@ -206,9 +208,14 @@ class ChangeLog:
         count = self.partitions
         share = count
         if count > 1:
-            live = await self.scripts.fanout_consumers(keys=[self.keys.fanout_consumers],
-                                                       args=[consumer, self._lease_ms])
-            share = -(-count // max(int(live), 1))
+            try:
+                self._live = max(int(await self.scripts.fanout_consumers(
+                    keys=[self.keys.fanout_consumers], args=[consumer, self._lease_ms])), 1)
+            except (RedisError, OSError):
+                # Its node is away (a Cluster failover): the partitions elsewhere go on, with
+                # the share last seen.
+                logger.debug("fan-out consumer registry unreachable", exc_info=True)
+            share = -(-count // self._live)
         keep, surplus = before[:share], before[share:]
         holding.turn += 1
         start = (zlib.crc32(consumer.encode()) + holding.turn) % count
@@ -219,8 +226,10 @@ class ChangeLog:
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
         for partition in surplus:
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
-        results = await batch.execute()
-        got = [partition for partition, result in zip(asked, results, strict=False) if int(result)]
+        # Per call: on Cluster a partition whose node is away is simply not held this time.
+        results = await batch.execute(raise_errors=False)
+        replies = {p: (0 if isinstance(r, Exception) else int(r)) for p, r in zip(asked, results, strict=False)}
+        got = [partition for partition in asked if replies[partition]]
         if len(got) > share:  # took more free partitions than its share: give the extra back
             got, extra = got[:share], got[share:]
             batch = Batch(self.client)
@@ -231,8 +240,9 @@ class ChangeLog:
         for partition in range(count):
             if partition not in held:
                 holding.sweep.pop(partition, None)
-            elif partition not in before:
-                holding.sweep.setdefault(partition, "0-0")
+            elif partition not in before or replies[partition] == 2:
+                # New to it, or retaken after it lapsed unnoticed: sweep it all from the start.
+                holding.sweep[partition] = "0-0"
         holding.held = held
         return holding
 
@@ -245,13 +255,18 @@ class ChangeLog:
         for _ in range(HEARTBEAT_LEASES * 3):
             await asyncio.sleep(self._lease_ms / 3000)
             try:
+                held = list(holding.held)
                 batch = Batch(self.client)
-                for partition in holding.held:
-                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
+                for partition in held:  # renew only: a heartbeat never takes a partition
+                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)],
+                               [consumer, self._lease_ms, "renew"])
                 if self.partitions > 1:
                     batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self._lease_ms])
-                await batch.execute()
+                results = await batch.execute()
+                # A partition lost meanwhile is new again to the next hold (which sweeps it).
+                holding.held = [p for p, result in zip(held, results, strict=False) if int(result)]
             except Exception:  # the next read renews, or sweeps what was lost
+                raise_if_cancelled()
                 logger.debug("fan-out lease heartbeat failed", exc_info=True)
 
     async def _autoclaim(self, partition: int, consumer: str, min_idle_ms: int, start: str,
@@ -347,8 +362,6 @@ class ChangeLog:
                 await asyncio.sleep(0.01)  # the server did not block (fakeredis): poll instead
 
     async def ack(self, ids: Sequence[str]) -> None:
-        for holding in self._holding.values():
-            holding.handed.difference_update(ids)
         by_partition: dict[int, list[str]] = {}
         for change_id in ids:
             number, _, entry_id = change_id.partition(":")
@@ -358,6 +371,9 @@ class ChangeLog:
         for partition, entry_ids in by_partition.items():
             batch.pipe.xack(self.keys.log(partition), FANOUT_GROUP, *entry_ids)
         await batch.execute()
+        # Only now: ids whose acknowledgement failed are handed out again at the next read.
+        for holding in self._holding.values():
+            holding.handed.difference_update(ids)
 
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""
@@ -365,6 +381,7 @@ class ChangeLog:
         if holding is None:
             return
         holding.stop_heartbeat()
+        holding.held = []
         # Every partition, not only those of the last successful hold: a read cut short (the
         # consumer is being cancelled) forgets what it held, and the script checks the holder.
         batch = Batch(self.client)
