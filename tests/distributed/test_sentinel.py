@@ -7,6 +7,7 @@ and a backend keeps working, with its data, after Sentinel promotes a replica.
 from __future__ import annotations
 
 import asyncio
+import gc
 import secrets
 import subprocess
 import tempfile
@@ -179,6 +180,13 @@ async def test_any_worker_serves_any_request_through_sentinel(sentinel: Sentinel
     assert cli(sentinel.master.port, "dbsize").strip() != "0", "the workers kept their state on the master"
 
 
+# The old master drops its clients when Sentinel turns it into a replica. redis-py leaves the
+# StreamWriter of a pub/sub connection lost in the middle of a write to the garbage collector
+# (its transport already closing), which warns; the test collects it before it ends, so the
+# warning cannot land on a later test.
+@pytest.mark.filterwarnings("ignore:unclosed <StreamWriter:ResourceWarning")
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning")
 async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_its_data(
         failover_setup: SentinelSetup) -> None:
     assert failover_setup.sentinel is not None and failover_setup.master is not None
@@ -236,3 +244,4 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
         await unwatch()
     finally:
         await backend.close()
+        gc.collect()

@@ -125,8 +125,37 @@ class _SentinelMasterPool(SentinelConnectionPool):
         self._checked: Any = None
         self._check: asyncio.Task[None] | None = None
 
+    async def _master(self) -> Any:
+        """The master as Sentinel names it to clients (``SENTINEL GET-MASTER-ADDR-BY-NAME``).
+
+        During a failover that names the promoted replica as soon as it is promoted, where
+        ``SENTINEL MASTERS`` (redis-py's ``discover_master``) names the old master until the
+        failover ends, up to ``failover-timeout`` later: writes made there meanwhile are lost
+        when it becomes a replica. A master that is down and not being replaced is left to
+        ``discover_master``, which refuses it.
+        """
+        for sentinel in self.sentinel_manager.sentinels:
+            try:
+                state = await sentinel.sentinel_master(self.service_name)
+                found = await sentinel.sentinel_get_master_addr_by_name(self.service_name)
+            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError):
+                continue
+            if not found:
+                continue
+            host, port = found
+            address = (host.decode() if isinstance(host, bytes) else host), int(port)
+            if address != (state.get("ip"), state.get("port")):
+                return address  # the replica being promoted
+            if not (state.get("is_sdown") or state.get("is_odown")):
+                return address
+        return await self.sentinel_manager.discover_master(self.service_name)
+
     async def get_master_address(self) -> Any:
-        address = await super().get_master_address()  # type: ignore[no-untyped-call]
+        address = await self._master()
+        if self.is_master and self.master_address != address:
+            # As redis-py does: idle connections reconnect to the new master when next used.
+            self.master_address = address
+            await self.disconnect(inuse_connections=False)
         if self._checked is None:
             self._checked = address
         return address
@@ -140,7 +169,7 @@ class _SentinelMasterPool(SentinelConnectionPool):
 
     async def _recheck(self) -> None:
         try:
-            address = await self.sentinel_manager.discover_master(self.service_name)
+            address = await self._master()
         except (rexc.ConnectionError, rexc.TimeoutError):
             return  # an unreachable Sentinel is no reason to drop anything: keep the master we know
         if address == self._checked:
