@@ -138,8 +138,10 @@ class Fanout:
                 raise
             except Exception as exc:  # the fan-out boundary: log, back off, keep the worker alive
                 raise_if_cancelled()
-                if isinstance(exc, BackendUnavailable) or not batch:
+                if isinstance(exc, BackendUnavailable):
                     logger.warning("fan-out paused: backend unavailable (%s); retrying in %.2fs", exc, backoff)
+                elif not batch:
+                    logger.exception("fan-out could not read the change log; retrying in %.2fs", backoff)
                 else:
                     if batch[0][0] != failing:
                         failing, attempts, since = batch[0][0], 0, loop.time()

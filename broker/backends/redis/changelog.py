@@ -394,7 +394,7 @@ class ChangeLog:
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
         """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
         holding = await self._hold(consumer)
-        claimed = await self._sweep(consumer, holding, count) if holding.sweep else []
+        claimed: list[tuple[str, Change]] = []  # (a sweep owed is left to the next read)
         for partition in holding.held:
             if len(claimed) >= count:
                 break
