@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Collection
 from typing import Any
 
 from broker import __version__
@@ -26,6 +27,26 @@ logger = logging.getLogger(__name__)
 
 #: Rounds of cancel-and-wait (a second each) before shutdown gives up on a task that will not end.
 STOP_ATTEMPTS = 5
+
+
+async def stop_tasks(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for them, in rounds; log any that failed or would not end.
+
+    A task that died of its own error must not keep the backend open, and one that did not end
+    when cancelled (see ``raise_if_cancelled``) must not keep the process from exiting.
+    """
+    running = set(tasks)
+    for _ in range(STOP_ATTEMPTS):
+        if not running:
+            break
+        for task in running:
+            task.cancel()
+        _, running = await asyncio.wait(running, timeout=1.0)
+    if running:
+        logger.error("tasks still running at shutdown: %s", ", ".join(t.get_name() for t in running))
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logger.error("task %s had failed", task.get_name(), exc_info=task.exception())
 
 #: Brokers started in this process, so the server can end their streams on SIGTERM.
 RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
@@ -82,20 +103,7 @@ class Broker:
     async def stop(self) -> None:
         RUNNING.discard(self)
         await self.hub.shutdown()
-        # A task that died of its own error must not keep the backend open, and one that did not
-        # end when cancelled (see raise_if_cancelled) must not keep the process from exiting.
-        running = set(self._tasks)
-        for _ in range(STOP_ATTEMPTS):
-            if not running:
-                break
-            for task in running:
-                task.cancel()
-            _, running = await asyncio.wait(running, timeout=1.0)
-        if running:
-            logger.error("tasks still running at shutdown: %s", ", ".join(t.get_name() for t in running))
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                logger.error("task %s had failed", task.get_name(), exc_info=task.exception())
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         await self.backend.close()
         self.started = False

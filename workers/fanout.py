@@ -15,6 +15,7 @@ import signal
 
 from broker.backends import create_backend
 from broker.config import Settings
+from broker.core import stop_tasks
 from broker.fanout import Fanout
 
 __all__ = ["main", "run"]
@@ -33,18 +34,7 @@ async def run(consumers: int = 1, settings: Settings | None = None) -> None:
     tasks = [asyncio.create_task(Fanout(settings, backend).run()) for _ in range(consumers)]
     logger.info("fan-out: %d consumer(s) running", consumers)
     await stop.wait()
-    running = set(tasks)
-    for _ in range(5):  # cancel-and-wait rounds, as the HTTP worker's shutdown does
-        if not running:
-            break
-        for task in running:
-            task.cancel()
-        _, running = await asyncio.wait(running, timeout=1.0)
-    if running:
-        logger.error("%d fan-out consumer(s) did not stop", len(running))
-    for task in tasks:
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            logger.error("fan-out consumer failed", exc_info=task.exception())
+    await stop_tasks(tasks)
     await backend.close()
 
 

@@ -23,7 +23,12 @@ def settings() -> Settings:
 class CancelBecomesTimeout(MemoryBackend):
     """A read that turns its cancellation into an outage, as a Redis client's own timeout can."""
 
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
+        self.reading = asyncio.Event()
+
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        self.reading.set()
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -34,7 +39,7 @@ class CancelBecomesTimeout(MemoryBackend):
 async def test_a_cancelled_fanout_ends_even_when_the_cancellation_surfaces_as_an_outage() -> None:
     backend = CancelBecomesTimeout(settings())
     task = asyncio.create_task(Fanout(settings(), backend).run())
-    await asyncio.sleep(0.05)  # blocked in its read
+    await asyncio.wait_for(backend.reading.wait(), 5)
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=5)
     assert task in done and task.cancelled()
@@ -47,12 +52,15 @@ class FailsOnce(MemoryBackend):
         super().__init__(s)
         self.failed = False
         self.appended: list[bytes] = []
+        self.all_in = asyncio.Event()
 
     async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         if not self.failed:
             self.failed = True
             raise BackendUnavailable("redis went away")
         self.appended += [frame.data for _, frame in batch]
+        if len(self.appended) >= 3:
+            self.all_in.set()
         return await super().append_frames(batch)
 
 
@@ -68,9 +76,7 @@ async def test_a_batch_that_failed_is_fanned_out_again_before_anything_newer() -
         await backend.publish(Change("t", "x:a", meta={"n": n}))
     task = asyncio.create_task(Fanout(s, backend).run())
     try:
-        async with asyncio.timeout(5):
-            while len(backend.appended) < 3:
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(backend.all_in.wait(), 5)
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
