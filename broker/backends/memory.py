@@ -69,6 +69,8 @@ class MemoryBackend:
         self._broadcast: list[BroadcastHandler] = []
         self._records: dict[tuple[str, str], dict[str, bytes]] = {}
         self._record_ids: dict[tuple[str, str], list[str]] = {}
+        #: Each tenant's collection names, sorted: listing them must not scan every tenant's.
+        self._collections: dict[str, list[str]] = {}
 
     async def start(self) -> None:
         return None
@@ -348,7 +350,10 @@ class MemoryBackend:
         created = record_id not in records
         records[record_id] = data
         if created:
-            bisect.insort(self._record_ids.setdefault(key, []), record_id)
+            ids = self._record_ids.setdefault(key, [])
+            if not ids:
+                bisect.insort(self._collections.setdefault(tenant, []), collection)
+            bisect.insort(ids, record_id)
         await self.publish(replace(change, kind=ChangeKind.CREATED) if created else change)
         return created
 
@@ -366,6 +371,10 @@ class MemoryBackend:
         if not records:
             del self._records[key]
             del self._record_ids[key]
+            names = self._collections[tenant]
+            del names[bisect.bisect_left(names, collection)]
+            if not names:
+                del self._collections[tenant]
         await self.publish(change)
         return True
 
@@ -375,4 +384,4 @@ class MemoryBackend:
         return ids[start : start + limit]
 
     async def list_collections(self, tenant: str) -> list[str]:
-        return sorted(coll for (t, coll) in self._records if t == tenant)
+        return list(self._collections.get(tenant, ()))
