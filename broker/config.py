@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     max_listen_uris: int = 1000
     page_size: int = 100
 
+    # -- requests: what one request may cost the worker that answers it -------------------
+    #: Messages in one 2025-03-26 JSON-RPC batch (HTTP body or stdio line); a longer batch is
+    #: refused whole with -32600 (HTTP 400) before any of it runs.
+    max_batch_items: int = Field(default=100, ge=1)
+    #: Bytes of one batch's answer. Once the answers would pass it, the batch's remaining
+    #: requests are not run and each gets a -31001 error instead; the whole answer stays under it.
+    max_response_bytes: int = Field(default=4_194_304, ge=1024)
+
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = 1800.0
     #: Seconds a session's subscription set outlives its expired record, so the expiry sweep

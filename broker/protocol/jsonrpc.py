@@ -18,6 +18,7 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "MISSING_CLIENT_CAPABILITY",
+    "NOT_RUN_RESPONSE_TOO_LARGE",
     "PARSE_ERROR",
     "RESOURCE_NOT_FOUND",
     "UNSUPPORTED_PROTOCOL_VERSION",
@@ -43,6 +44,8 @@ MISSING_CLIENT_CAPABILITY: Final = -32021
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
 #: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
 SERVICE_UNAVAILABLE: Final = -31000
+#: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.
+NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
 
 Id = str | int
 
