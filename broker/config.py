@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     #: refused whole with -32600 (HTTP 400) before any of it runs.
     max_batch_items: int = Field(default=100, ge=1)
     #: Bytes of one batch's answer. Once the answers would pass it, the batch's remaining
-    #: requests are not run and each gets a -31001 error instead; the whole answer stays under it.
+    #: requests are not answered (nor run, but for the one whose reply crossed it) and each gets a
+    #: -31001 error instead; the whole answer stays under it.
     max_response_bytes: int = Field(default=4_194_304, ge=1024)
 
     # -- sessions and delivery ---------------------------------------------------------------

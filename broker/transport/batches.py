@@ -3,7 +3,8 @@
 A batch is one small request that asks for many answers, so it is bounded twice: by its
 number of members (``max_batch_items``, refused whole before anything runs) and by the bytes
 of its answer (``max_response_bytes``). Once the answers would pass that bound, the remaining
-requests are not run and each gets a short error saying so; room for those errors is kept
+requests are not answered and each gets a short error saying so (the one whose reply
+crossed the bound did run; the later ones do not); room for those errors is kept
 from the start, so the whole answer stays under the bound (a 90 kB batch of reads of one
 large record would otherwise be answered with hundreds of megabytes, all held in memory).
 Between members the batch yields to the event loop, so other clients' requests on the same
@@ -38,7 +39,7 @@ def check_batch(items: list[Any], max_items: int) -> None:
 
 def _not_run(id_: rpc.Id | None, max_bytes: int) -> bytes:
     error = rpc.RpcError(rpc.NOT_RUN_RESPONSE_TOO_LARGE,
-                         f"Not run: the batch's answer reached {max_bytes} bytes; send this request again",
+                         f"Not answered: the batch's answer reached {max_bytes} bytes; send this request again",
                          {"limit": max_bytes})
     return rpc.encode_error(id_, error)
 
@@ -50,7 +51,8 @@ async def answer_batch(items: list[Any], handle: Callable[[Message], Awaitable[b
     An invalid member gets its own error reply; ``initialize`` must not be batched (2025-03-26).
     The encoded answer (``encode_batch``) stays within ``max_bytes`` unless the error replies
     alone exceed it: a request whose reply would pass the bound, and every request after it,
-    gets a -31001 error instead and is not run. Notifications still run (they add no bytes).
+    gets a -31001 error instead: that one ran and its reply is dropped, the later ones do not run.
+    Notifications still run (they add no bytes).
     """
     # First pass: what each member costs at least (its error, or the refusal kept in reserve).
     plan: list[tuple[Message | None, bytes | None]] = []
