@@ -167,6 +167,18 @@ async def test_a_listen_filter_over_its_byte_bound_is_refused(http: httpx.AsyncC
         assert (await stream.next()) is not None  # two of them pass: the ack
 
 
+# -- records -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("depth", [65, 300])
+async def test_a_record_nested_too_deep_is_422_on_put_and_patch(http: httpx.AsyncClient, depth: int) -> None:
+    name = "deep" + secrets.token_hex(4)
+    put = await http.put(f"/collections/{name}/1", content=nested(depth))
+    assert put.status_code == 422 and "nested deeper than 64 levels" in put.json()["detail"], put.text
+    assert (await http.put(f"/collections/{name}/1", content=nested(64))).status_code == 201
+    patch = await http.patch(f"/collections/{name}/1", content=nested(depth))
+    assert patch.status_code == 422, patch.text
+    assert (await http.get(f"/collections/{name}/1")).content == nested(64)
+
+
 def test_the_cli_refuses_what_post_changes_refuses() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_BROKER_")}  # the memory backend
     for args, detail in [(["MCPB://default/c/1"], "scheme in lower case"),
