@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     max_listen_filter_bytes: int = Field(default=131_072, gt=0)
     #: How deep a record (PUT) or a merge patch (PATCH) may nest; below orjson's own 255.
     max_record_depth: int = Field(default=64, gt=0, le=250)
+    #: Records one tenant may keep, and their bytes (values), across all its collections.
+    max_records_per_tenant: int = Field(default=100_000, gt=0)
+    max_record_bytes_per_tenant: int = Field(default=268_435_456, gt=0)
 
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = 1800.0

@@ -188,3 +188,41 @@ def test_the_cli_refuses_what_post_changes_refuses() -> None:
                               env=env, check=False)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert detail in done.stderr and done.stdout == ""
+
+
+# -- the tenant's record quota -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quota_broker() -> Iterator[BrokerProcess]:
+    env = {"MCP_BROKER_API_KEYS": KEYS, "MCP_BROKER_MAX_RECORDS_PER_TENANT": "3",
+           "MCP_BROKER_MAX_RECORD_BYTES_PER_TENANT": "1000"}
+    with BrokerProcess(env=env) as proc:
+        yield proc
+
+
+async def test_a_tenant_past_its_record_quota_gets_507_and_others_do_not(quota_broker: BrokerProcess) -> None:
+    async with httpx.AsyncClient(base_url=quota_broker.url, timeout=10,
+                                 headers={"Authorization": "Bearer ka"}) as http:
+        for rid in ("1", "2", "3"):
+            assert (await http.put(f"/collections/c/{rid}", json={"v": rid})).status_code == 201
+        over = await http.put("/collections/other/4", json={})
+        assert over.status_code == 507, over.text
+        assert over.json()["detail"] == "the tenant's record quota is reached: at most 3 records"
+        assert (await http.get("/collections/other/4")).status_code == 404
+        assert (await http.put("/collections/c/1", json={"v": "replaced"})).status_code == 200
+        assert (await http.put("/collections/c/4", json={}, headers={"Authorization": "Bearer kb"})).status_code == 201
+        assert (await http.delete("/collections/c/3")).status_code == 204
+        assert (await http.put("/collections/other/4", json={})).status_code == 201
+
+
+async def test_a_tenant_past_its_record_bytes_gets_507_on_put_and_patch(quota_broker: BrokerProcess) -> None:
+    async with httpx.AsyncClient(base_url=quota_broker.url, timeout=10,
+                                 headers={"Authorization": "Bearer kb"}) as http:
+        await http.delete("/collections/c/4")
+        assert (await http.put("/collections/big/1", json={"pad": "x" * 900})).status_code == 201
+        over = await http.put("/collections/big/2", json={"pad": "x" * 200})
+        assert over.status_code == 507, over.text
+        assert over.json()["detail"] == "the tenant's record quota is reached: at most 1000 bytes of records"
+        patch = await http.patch("/collections/big/1", json={"more": "y" * 200})
+        assert patch.status_code == 507, patch.text
+        assert (await http.put("/collections/big/1", json={"pad": "small"})).status_code == 200
+        assert (await http.put("/collections/big/2", json={"pad": "x" * 200})).status_code == 201
