@@ -56,19 +56,31 @@ def _fanout(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from broker.changes import ChangeKind
+    import orjson
+
+    from broker.changes import ChangeKind, InvalidChange
     from broker.config import Settings
     from broker.core import Broker
+
+    try:
+        meta = orjson.loads(args.meta) if args.meta is not None else None
+    except orjson.JSONDecodeError as exc:
+        print(f"mcp-broker publish: --meta is not valid JSON: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> str:
         broker = Broker(Settings())
         await broker.backend.start()
         try:
-            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant)
+            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant, meta=meta)
         finally:
             await broker.backend.close()
 
-    print(asyncio.run(run()))
+    try:
+        print(asyncio.run(run()))
+    except InvalidChange as exc:
+        print(f"mcp-broker publish: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -96,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("uri")
     publish.add_argument("--kind", default="updated", choices=["updated", "created", "deleted"])
     publish.add_argument("--tenant", default=None)
+    publish.add_argument("--meta", default=None, help="a JSON object for the notification's params._meta")
     publish.set_defaults(func=_publish)
     return parser
 

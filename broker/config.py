@@ -54,6 +54,7 @@ class Settings(BaseSettings):
 
     # -- limits -----------------------------------------------------------------------------
     max_body_bytes: int = 1_048_576
+    #: Bytes (UTF-8) of any URI a client sends: params, listen filters, published changes.
     max_uri_length: int = 2048
     max_record_bytes: int = 262_144
     max_sessions: int = 100_000
@@ -70,6 +71,20 @@ class Settings(BaseSettings):
     #: requests are not answered (nor run, but for the one whose reply crossed it) and each gets a
     #: -31001 error instead; the whole answer stays under it.
     max_response_bytes: int = Field(default=4_194_304, ge=1024)
+    # -- input: what a client may make the broker keep (docs/LIMITS.md, "Input") ---------------
+    #: Bytes of a change's ``meta`` (encoded JSON): it is copied into every notification of the change.
+    max_meta_bytes: int = Field(default=8192, gt=0)
+    #: How deep a change's ``meta``, and ``initialize``'s ``clientInfo`` and ``capabilities``, may nest.
+    max_input_depth: int = Field(default=16, gt=0)
+    #: Bytes of ``clientInfo`` plus ``capabilities`` (encoded JSON), kept with the session for its life.
+    max_client_info_bytes: int = Field(default=4096, gt=0)
+    #: Bytes of all the URIs of one ``subscriptions/listen`` filter together.
+    max_listen_filter_bytes: int = Field(default=131_072, gt=0)
+    #: How deep a record (PUT) or a merge patch (PATCH) may nest; below orjson's own 255.
+    max_record_depth: int = Field(default=64, gt=0, le=250)
+    #: Records one tenant may keep, and their bytes (values), across all its collections.
+    max_records_per_tenant: int = Field(default=100_000, gt=0)
+    max_record_bytes_per_tenant: int = Field(default=268_435_456, gt=0)
 
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = 1800.0

@@ -61,9 +61,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.changes import Change
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 __all__ = [
     "CLOSE_ALL",
@@ -75,7 +78,15 @@ __all__ = [
     "StreamStart",
     "Wake",
     "WakeHandler",
+    "record_quota_message",
 ]
+
+
+def record_quota_message(settings: Settings, *, count: bool) -> str:
+    """What a write refused by the tenant's record quota is told, from either backend."""
+    if count:
+        return f"the tenant's record quota is reached: at most {settings.max_records_per_tenant} records"
+    return f"the tenant's record quota is reached: at most {settings.max_record_bytes_per_tenant} bytes of records"
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,13 +291,19 @@ class Backend(Protocol):
         for a new one: the store, not the caller, knows which. With ``expect``, the write
         happens only if the stored value is exactly ``expect`` (a compare-and-set).
 
+        The tenant's quota (``max_records_per_tenant`` records, ``max_record_bytes_per_tenant``
+        bytes of values) is checked and counted in the same atomic step; a write that does not
+        grow the tenant's bytes passes even over a quota that was lowered.
+
         Raises:
             WriteConflict: ``expect`` was given and the stored value differs, or is gone.
+            LimitExceeded: the write would pass the tenant's quota (message: ``record_quota_message``).
         """
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
 
-    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool: ...
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+        """Delete a record and publish its change atomically, freeing its share of the tenant's quota."""
 
     async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
         """Record ids of a collection in ascending order, strictly after ``after`` ('' for the start)."""

@@ -27,6 +27,7 @@ from broker.backends.base import (
     StreamStart,
     Wake,
     WakeHandler,
+    record_quota_message,
 )
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
@@ -71,6 +72,8 @@ class MemoryBackend:
         self._record_ids: dict[tuple[str, str], list[str]] = {}
         #: Each tenant's collection names, sorted: listing them must not scan every tenant's.
         self._collections: dict[str, list[str]] = {}
+        #: Per tenant: [records, bytes of their values], for the tenant's record quota.
+        self._record_usage: dict[str, list[int]] = {}
 
     async def start(self) -> None:
         return None
@@ -344,10 +347,19 @@ class MemoryBackend:
                            expect: bytes | None = None) -> bool:
         key = (tenant, collection)
         records = self._records.get(key, {})
-        if expect is not None and records.get(record_id) != expect:
+        old = records.get(record_id)
+        if expect is not None and old != expect:
             raise WriteConflict(record_id)
+        created = old is None
+        usage = self._record_usage.setdefault(tenant, [0, 0])
+        grow = len(data) - (0 if old is None else len(old))
+        if created and usage[0] >= self.settings.max_records_per_tenant:
+            raise LimitExceeded(record_quota_message(self.settings, count=True))
+        if grow > 0 and usage[1] + grow > self.settings.max_record_bytes_per_tenant:
+            raise LimitExceeded(record_quota_message(self.settings, count=False))
+        usage[0] += created
+        usage[1] += grow
         records = self._records.setdefault(key, records)
-        created = record_id not in records
         records[record_id] = data
         if created:
             ids = self._record_ids.setdefault(key, [])
@@ -365,7 +377,9 @@ class MemoryBackend:
         records = self._records.get(key)
         if records is None or record_id not in records:
             return False
-        del records[record_id]
+        usage = self._record_usage[tenant]
+        usage[0] -= 1
+        usage[1] -= len(records.pop(record_id))
         ids = self._record_ids[key]
         del ids[bisect.bisect_left(ids, record_id)]
         if not records:

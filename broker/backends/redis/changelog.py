@@ -27,13 +27,14 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from broker.backends.base import record_quota_message
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import WriteConflict, raise_if_cancelled
+from broker.errors import LimitExceeded, WriteConflict, raise_if_cancelled
 
 __all__ = ["ChangeLog"]
 
@@ -411,17 +412,21 @@ class ChangeLog:
         p = self.partition(tenant)
         keys = self.keys
         return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
-                keys.collections(p, tenant), keys.log(p)]
+                keys.collections(p, tenant), keys.log(p), keys.record_usage(p, tenant)]
 
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
                            expect: bytes | None = None) -> bool:
-        args: list[Any] = [record_id, data, collection, self.settings.changelog_maxlen, encode_change(change),
-                           encode_change(replace(change, kind=ChangeKind.CREATED))]
+        settings = self.settings
+        args: list[Any] = [record_id, data, collection, settings.changelog_maxlen, encode_change(change),
+                           encode_change(replace(change, kind=ChangeKind.CREATED)), settings.max_records_per_tenant,
+                           settings.max_record_bytes_per_tenant]
         if expect is not None:
             args.append(expect)
         created = int(await self.scripts.record_write(keys=self._record_keys(tenant, collection), args=args))
-        if created < 0:
+        if created == -1:
             raise WriteConflict(record_id)
+        if created < -1:
+            raise LimitExceeded(record_quota_message(settings, count=created == -2))
         return created == 1
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
