@@ -166,6 +166,8 @@ class Methods:
 
     async def _resources_templates_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
         if cursor is not None:
             # One page holds every template; only a cursor this listing never issues can arrive here.
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})

@@ -147,10 +147,18 @@ def encode_result(id_: Id | None, result: dict[str, Any]) -> bytes:
 
 
 def encode_error(id_: Id | None, error: RpcError) -> bytes:
-    """Encode an error response; the id is left out when the request's id could not be read."""
-    if id_ is None:
-        return orjson.dumps({"jsonrpc": "2.0", "error": error.to_dict()})
-    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": error.to_dict()})
+    """Encode an error response; the id is left out when the request's id could not be read.
+
+    ``data`` may echo what the client sent; when that cannot be encoded (nested past orjson's
+    limit) the error goes without it rather than failing the answer.
+    """
+    body: dict[str, Any] = {"jsonrpc": "2.0"} if id_ is None else {"jsonrpc": "2.0", "id": id_}
+    body["error"] = error.to_dict()
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        body["error"].pop("data", None)
+        return orjson.dumps(body)
 
 
 def encode_notification(method: str, params: dict[str, Any] | None = None) -> bytes:
