@@ -13,6 +13,9 @@ Two kinds of stream live here:
 ``Listen``
     A 2026-07-28 ``subscriptions/listen`` stream. It has no replay by specification. Its
     pending frames are coalesced per URI, so its buffer is bounded by the size of its filter.
+    When the backend may have lost broadcasts (on Redis, the worker's pub/sub connection was
+    re-made), every listen gets the gap rule: an ``updated`` for each URI of its filter, and
+    ``list_changed`` if it asked for those, so its client re-reads instead of missing a change.
 
 One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the
 idle clock of sessions with an open stream from running out, and ends every stream on
@@ -396,6 +399,8 @@ class Listen(_Stream):
         # reads is sent once, so the buffer never holds more than one frame per watched URI.
         self.pending: dict[str, bytes] = {}
         self._stamp = {SUBSCRIPTION_ID: request_id}
+        #: Broadcasts may have been lost: the task owes its client the gap rule.
+        self._resync = False
 
     def push(self, key: str, method: str, params: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Queue a notification; a newer one for the same key replaces the pending one in place.
@@ -408,6 +413,25 @@ class Listen(_Stream):
             self.active = True
             self._wake()
 
+    def resync(self) -> None:
+        """Changes may have been missed (the backend lost broadcasts): apply the gap rule.
+
+        The listen's own task builds the frames, each through ``push``, so a URI that has a
+        frame pending costs nothing more, and a worker resynchronising thousands of listens does
+        not hold its event loop for all of them at once.
+        """
+        if self.ended is None:
+            self._resync = True
+            self.active = True
+            self._wake()
+
+    def _push_resync(self) -> None:
+        self._resync = False
+        for uri in self.uris:
+            self.push("u:" + uri, "notifications/resources/updated", {"uri": uri})
+        if self.list_changed:
+            self.push("l", "notifications/resources/list_changed", {})
+
     async def run(self, acknowledged: dict[str, Any]) -> str:
         hub = self.hub
         hub.add_listen(self)
@@ -417,6 +441,8 @@ class Listen(_Stream):
                                       {"_meta": self._stamp, "notifications": acknowledged})
             )
             while self.ended is None:
+                if self._resync:
+                    self._push_resync()
                 if self.pending:
                     pending, self.pending = self.pending, {}
                     # One write for all of them, so a cancel cannot land between two frames.
@@ -453,7 +479,7 @@ class Hub:
         self.outage_since: float | None = None
 
     async def start(self) -> None:
-        self._remove_broadcast = await self.backend.on_broadcast(self._on_change)
+        self._remove_broadcast = await self.backend.on_broadcast(self._on_change, self._on_broadcast_lost)
         self._timer = asyncio.create_task(self._tick(), name="hub-keepalive")
 
     async def _tick(self) -> None:
@@ -524,6 +550,13 @@ class Hub:
                 await remove()
             except BackendUnavailable:
                 pass
+
+    def _on_broadcast_lost(self) -> None:
+        """The backend may have lost broadcasts (its connection was re-made): every listen gets the gap rule."""
+        if self.listens:
+            logger.warning("broadcasts may have been lost; resynchronising %d listens", len(self.listens))
+        for listen in self.listens:
+            listen.resync()
 
     # -- listens ------------------------------------------------------------------------
     def add_listen(self, listen: Listen) -> None:
