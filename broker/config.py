@@ -100,10 +100,14 @@ class Settings(BaseSettings):
     keepalive_interval: float = 15.0
     #: The SSE ``retry:`` hint, in milliseconds.
     retry_ms: int = 1000
-    #: Seconds the backend may stay unreachable (seen by the keep-alive timer) before open
-    #: streams end with ``retry:``. A restart shorter than this keeps streams open; a longer
-    #: outage sends clients to resume from their cursors.
-    outage_grace: float = 5.0
+    #: Seconds the backend may stay unreachable before open streams and listens end with
+    #: ``retry:``, timed from when the first health ping that got no answer was sent (a hung
+    #: Redis counts from then, not from its socket timeout). A restart shorter than this keeps
+    #: streams open; a longer outage sends clients to resume from their cursors, elsewhere.
+    outage_grace: float = Field(default=5.0, gt=0)
+    #: Seconds between health pings while this process holds open streams (one in flight at a
+    #: time, none while it holds none). Streams end at most this long after ``outage_grace``.
+    outage_check_interval: float = Field(default=1.0, gt=0)
 
     # -- change log and fan-out ----------------------------------------------------------------
     #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.

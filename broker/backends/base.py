@@ -44,8 +44,12 @@ Change log
 
 Listen broadcast
     ``broadcast`` delivers a change that fan-out processed to every worker's ``on_broadcast``
-    handlers (modern listens live on whichever worker holds their stream). Best effort: a
-    listen stream has no replay by specification.
+    handlers (modern listens live on whichever worker holds their stream). There is no replay
+    (a listen stream has none by specification), but no silent loss either: when broadcasts to
+    this process may have been lost (on Redis, its pub/sub connection dropped), the ``on_lost``
+    callback given to ``on_broadcast`` is called once the broadcast channel is subscribed again,
+    so that every broadcast from then on arrives; the caller resynchronises its listens. A
+    backend that cannot lose a broadcast (memory) never calls it.
 
 Records
     JSON records of the built-in collections. ``write_record`` and ``delete_record`` store the
@@ -71,6 +75,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CLOSE_ALL",
     "Backend",
+    "BroadcastHandler",
+    "BroadcastLostHandler",
     "Frame",
     "InboxRead",
     "SessionRecord",
@@ -177,6 +183,8 @@ class StreamStart:
 
 WakeHandler = Callable[[Wake], None]
 BroadcastHandler = Callable[[Change], None]
+#: Called when broadcasts may have been lost; the channel is live again by then.
+BroadcastLostHandler = Callable[[], None]
 
 
 class Backend(Protocol):
@@ -280,7 +288,16 @@ class Backend(Protocol):
 
     async def broadcast(self, changes: Sequence[Change]) -> None: ...
 
-    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]: ...
+    async def on_broadcast(self, handler: BroadcastHandler,
+                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+        """Call ``handler`` with every broadcast change until the returned function is awaited.
+
+        Returns once the subscription is active. ``on_lost`` is called whenever broadcasts may
+        have been missed since (a reconnect), after the subscription is active again.
+
+        Raises:
+            BackendUnavailable: the subscription could not be made active.
+        """
 
     # -- records ---------------------------------------------------------------------------
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,

@@ -20,6 +20,7 @@ from typing import Any
 from broker.backends.base import (
     CLOSE_ALL,
     BroadcastHandler,
+    BroadcastLostHandler,
     Frame,
     InboxRead,
     SessionRecord,
@@ -333,7 +334,9 @@ class MemoryBackend:
             for change in changes:
                 handler(change)
 
-    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]:
+    async def on_broadcast(self, handler: BroadcastHandler,
+                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+        # ``on_lost`` is never called: a broadcast in one process cannot be lost.
         self._broadcast.append(handler)
 
         async def remove() -> None:
