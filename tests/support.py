@@ -42,14 +42,17 @@ class BrokerProcess:
     """``mcp-broker serve`` on a free loopback port, in its own process."""
 
     def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None, port: int | None = None,
-                 log: Path | None = None, log_level: str = "warning"):
-        """``log``: a file that receives the broker's stderr (its log); by default a pipe."""
+                 log: Path | None = None, log_level: str = "warning", host: str = "127.0.0.1",
+                 prefix: list[str] | None = None):
+        """``log``: a file that receives the broker's stderr (its log); by default a pipe. ``host``: the
+        address it listens on and is reached at; ``prefix``: a command that runs it (``ip netns exec <ns>``)."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         full_env = {**os.environ, "MCP_BROKER_KEEPALIVE_INTERVAL": "1", **(env or {})}
         with open(log, "ab") if log is not None else _pipe() as stderr:
             self.proc = subprocess.Popen(
-                [str(BIN), "--log-level", log_level, "serve", "--port", str(self.port), *(args or [])],
+                [*(prefix or []), str(BIN), "--log-level", log_level, "serve", "--port", str(self.port),
+                 *(["--host", host] if host != "127.0.0.1" else []), *(args or [])],
                 env=full_env,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
