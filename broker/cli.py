@@ -14,18 +14,30 @@ __all__ = ["main"]
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
+    from broker.config import Settings
     from broker.server import BrokerServer, run_workers
+    from broker.transport.wire import WireLimits, protocol_factory
 
     os.environ["MCP_BROKER_HOST"] = args.host
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = "MCP_BROKER_" + str(error["loc"][0]).upper() if error["loc"] else "a setting"
+        print(f"mcp-broker: {name}: {error['msg']}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
         host=args.host,
         port=args.port,
+        # Header size, head and body deadlines and a connection cap (broker/transport/wire.py).
+        http=protocol_factory(WireLimits.from_settings(settings)),
         workers=args.workers,
         log_level=args.log_level,
         access_log=False,

@@ -43,7 +43,7 @@ from broker.protocol.versions import (
     PRIMING_VERSIONS,
 )
 from broker.transport.batches import answer_batch, check_batch, encode_batch
-from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
+from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -55,7 +55,9 @@ JSON = "application/json"
 
 
 def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(body, status_code=status, media_type=JSON, headers=headers)
+    response = Response(body, status_code=status, media_type=JSON, headers=headers)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
 
 
 def error_response(error: rpc.RpcError, id_: rpc.Id | None = None, headers: dict[str, str] | None = None) -> Response:

@@ -22,7 +22,7 @@ from broker.auth import Unauthorized, authenticate
 from broker.changes import Change, ChangeRules, ForeignNamespace, InvalidChange
 from broker.core import Broker
 from broker.errors import BackendUnavailable
-from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
+from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
 __all__ = ["ChangesEndpoint"]
 
@@ -35,7 +35,9 @@ class Invalid(Exception):
 
 
 def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    response = Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
 
 
 class ChangesEndpoint:

@@ -74,9 +74,10 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             await broker.backend.ping()
         except BackendUnavailable:
             return ORJSONResponse({"status": "unavailable"}, status_code=503)
+        # Unauthenticated: this worker's open streams and listens, never a count that follows
+        # what tenants publish (the fan-out's was one).
         hub = broker.hub
-        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens),
-                               "fanout": broker.fanout.processed if broker.fanout else None})
+        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens)})
 
     @router.get("/collections")
     async def collections(caller: Caller) -> ORJSONResponse:
