@@ -7,7 +7,10 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 __all__ = ["main"]
 
@@ -21,6 +24,9 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
+    settings = _settings()
+    if settings is None:
+        return 2
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
@@ -30,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=settings.http_keepalive_timeout,
         # Forwarded headers only matter behind a proxy; the broker trusts none by default.
         proxy_headers=False,
     )
@@ -38,6 +45,23 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         BrokerServer(config).run()
     return 0
+
+
+def _settings() -> Settings | None:
+    """The settings, or None after one line on stderr naming each bad one."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from broker.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        bad = "; ".join(f"MCP_BROKER_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors() if e["loc"])
+        print(f"mcp-broker: bad setting: {bad}", file=sys.stderr)
+    except SettingsError as exc:  # a value that is not the JSON its setting needs
+        print(f"mcp-broker: bad setting: {exc}", file=sys.stderr)
+    return None
 
 
 def _stdio(args: argparse.Namespace) -> int:

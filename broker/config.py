@@ -52,6 +52,18 @@ class Settings(BaseSettings):
     server_name: str = "mcp-broker"
     instructions: str = "Resources with change notifications. Subscribe to a URI and re-read it when notified."
 
+    # -- connections to a load balancer, and stopping ------------------------------------------
+    #: Seconds the HTTP server keeps an idle keep-alive connection open (uvicorn's
+    #: ``timeout_keep_alive``). A load balancer that keeps connections to the workers must close
+    #: idle ones sooner (nginx: ``keepalive_timeout`` in the upstream block, 3 s in
+    #: deploy/nginx.conf), or it may send a request on a connection the worker is closing.
+    http_keepalive_timeout: int = Field(default=5, ge=1)
+    #: Seconds a worker stopped by SIGTERM goes on answering requests on its open connections
+    #: (each with ``Connection: close``) after it stops accepting new ones; it ends sooner once
+    #: none is left. Behind a load balancer, longer than its idle timeout; 0: close at once
+    #: (``make run``). The image sets 5.
+    shutdown_drain: float = Field(default=0.0, ge=0)
+
     # -- limits -----------------------------------------------------------------------------
     max_body_bytes: int = 1_048_576
     max_uri_length: int = 2048
