@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+logger = logging.getLogger(__name__)
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -27,6 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings()
     if settings is None:
         return 2
+    if (warning := rebinding_warning(settings)) is not None:
+        logger.warning(warning)
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
@@ -62,6 +66,21 @@ def _settings() -> Settings | None:
     except SettingsError as exc:  # a value that is not the JSON its setting needs
         print(f"mcp-broker: bad setting: {exc}", file=sys.stderr)
     return None
+
+
+def rebinding_warning(settings: Settings) -> str | None:
+    """What to set, when a non-loopback bind answers to any Host and lets anyone in.
+
+    With neither an explicit host list nor API keys, a page on a name rebound to this server's
+    address can read every record (a same-origin GET carries no ``Origin``).
+    """
+    from broker.transport.guards import HostPolicy
+
+    if settings.allowed_hosts is not None or settings.api_keys or not HostPolicy(None, settings.host).any:
+        return None
+    return (f"serving on {settings.host} to any Host header, without API keys: a web page on a DNS-rebound "
+            "name can read every record. Set MCP_BROKER_ALLOWED_HOSTS to the names clients use, e.g. "
+            '\'["broker.example.com"]\' (or MCP_BROKER_API_KEYS)')
 
 
 def _stdio(args: argparse.Namespace) -> int:
