@@ -112,7 +112,7 @@ def nginx_deployment(tmp_path: Path) -> Iterator[tuple[NginxProcess, list[Broker
         env = {**WORKER_ENV, "MCP_BROKER_REDIS_URL": redis.url, **image_env()}
         nginx: NginxProcess | None = None
         try:
-            workers.extend(BrokerProcess(env=env) for _ in range(3))
+            workers.extend(BrokerProcess(env=worker_env(env, i)) for i in range(3))
             nginx = NginxProcess(binary, [w.port for w in workers], tmp_path)
             yield nginx, workers, env
         finally:
@@ -172,17 +172,38 @@ class Traffic:
                 await asyncio.sleep(0.05)
 
 
-def roll(workers: list[BrokerProcess], env: dict[str, str]) -> list[tuple[float, float]]:
-    """SIGTERM each worker in turn, wait for its exit, start it again on its port; when each was away."""
+def served_by(url: str) -> str:
+    """The name of the worker nginx sends a new session to."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}}
+    reply = httpx.post(url + "/mcp", json=body, headers={"Accept": "application/json, text/event-stream"}, timeout=5)
+    assert reply.status_code == 200, f"a probe got {reply.status_code}: {reply.text}"  # it is a POST too
+    return str(reply.json()["result"]["serverInfo"]["name"])
+
+
+def roll(url: str, workers: list[BrokerProcess], env: dict[str, str]) -> list[tuple[float, float]]:
+    """SIGTERM each worker in turn, wait for its exit, start it again on its port; when each was away.
+
+    The next worker is stopped only once nginx sends requests to the restarted one again, as a
+    rolling restart must: nginx counts a refused connection against a worker (``max_fails``)
+    and sends it nothing for ``fail_timeout``, so stopping the next one sooner could leave
+    nginx with no worker it believes alive.
+    """
     windows = []
     for index, worker in enumerate(workers):
         started = time.monotonic()
         # uvicorn raises the signal again once it has shut down, so SIGTERM is the exit status.
         assert worker.terminate(timeout=30) in (0, -signal.SIGTERM)
         worker.kill()  # closes its pipe
-        workers[index] = BrokerProcess(env=env, port=worker.port)
+        workers[index] = BrokerProcess(env=worker_env(env, index), port=worker.port)
+        name = f"worker-{index}"
+        wait_until(lambda name=name: served_by(url) == name, what=f"nginx to send requests to {name} again")
         windows.append((started, time.monotonic()))
     return windows
+
+
+def worker_env(env: dict[str, str], index: int) -> dict[str, str]:
+    return {**env, "MCP_BROKER_SERVER_NAME": f"worker-{index}"}
 
 
 @pytest.mark.timeout(180)
@@ -195,7 +216,7 @@ async def test_a_rolling_restart_through_the_shipped_nginx_answers_every_post(
     watchers = [asyncio.create_task(traffic.watcher(n)) for n in range(WATCHERS)]
     try:
         await traffic.answered(200)  # every client has its session and is sending
-        windows = await asyncio.to_thread(roll, workers, env)
+        windows = await asyncio.to_thread(roll, nginx.url, workers, env)
         await traffic.answered(len(traffic.answers) + 200)  # and goes on after the last restart
     finally:
         traffic.done.set()
