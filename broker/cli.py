@@ -7,16 +7,19 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
-    from pydantic import ValidationError
 
-    from broker.config import Settings
     from broker.server import BrokerServer, run_workers
     from broker.transport.wire import WireLimits, protocol_factory
 
@@ -24,13 +27,11 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        name = "MCP_BROKER_" + str(error["loc"][0]).upper() if error["loc"] else "a setting"
-        print(f"mcp-broker: {name}: {error['msg']}", file=sys.stderr)
+    settings = _settings()
+    if settings is None:
         return 2
+    if (warning := rebinding_warning(settings)) is not None:
+        logger.warning(warning)
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
@@ -42,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=settings.http_keepalive_timeout,
         # Forwarded headers only matter behind a proxy; the broker trusts none by default.
         proxy_headers=False,
     )
@@ -50,6 +52,38 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         BrokerServer(config).run()
     return 0
+
+
+def _settings() -> Settings | None:
+    """The settings, or None after one line on stderr naming each bad one."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from broker.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        bad = "; ".join(f"MCP_BROKER_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors() if e["loc"])
+        print(f"mcp-broker: bad setting: {bad}", file=sys.stderr)
+    except SettingsError as exc:  # a value that is not the JSON its setting needs
+        print(f"mcp-broker: bad setting: {exc}", file=sys.stderr)
+    return None
+
+
+def rebinding_warning(settings: Settings) -> str | None:
+    """What to set, when a non-loopback bind answers to any Host and lets anyone in.
+
+    With neither an explicit host list nor API keys, a page on a name rebound to this server's
+    address can read every record (a same-origin GET carries no ``Origin``).
+    """
+    from broker.transport.guards import HostPolicy
+
+    if settings.allowed_hosts is not None or settings.api_keys or not HostPolicy(None, settings.host).any:
+        return None
+    return (f"serving on {settings.host} to any Host header, without API keys: a web page on a DNS-rebound "
+            "name can read every record. Set MCP_BROKER_ALLOWED_HOSTS to the names clients use, e.g. "
+            '\'["broker.example.com"]\' (or MCP_BROKER_API_KEYS)')
 
 
 def _stdio(args: argparse.Namespace) -> int:

@@ -57,8 +57,8 @@ class Settings(BaseSettings):
     #: nginx's default allows 4 x 8 KiB; tokens and cookies of real clients fit well within this.
     max_header_bytes: int = Field(default=32_768, ge=1024)
     #: Seconds from a connection's start, or from a kept-alive request's first byte, to its
-    #: complete head; then 408 and close (slow-header attacks). Idle between requests: uvicorn's
-    #: 5 s keep-alive timeout.
+    #: complete head; then 408 and close (slow-header attacks). Idle between requests:
+    #: ``http_keepalive_timeout``.
     header_timeout: float = Field(default=10.0, gt=0)
     #: Seconds from a complete head to a complete body (a short or endless body); then 408 and close.
     #: At the 1 MiB body limit this asks for about 35 KB/s.
@@ -67,6 +67,17 @@ class Settings(BaseSettings):
     #: from the descriptor limit (``ulimit -n``) minus a tenth of it, and at least the Redis pool
     #: plus 128, kept for everything else (18,000 with 20,000 descriptors).
     max_connections: int = Field(default=0, ge=0)
+    # -- connections to a load balancer, and stopping ------------------------------------------
+    #: Seconds the HTTP server keeps an idle keep-alive connection open (uvicorn's
+    #: ``timeout_keep_alive``). A load balancer that keeps connections to the workers must close
+    #: idle ones sooner (nginx: ``keepalive_timeout`` in the upstream block, 3 s in
+    #: deploy/nginx.conf), or it may send a request on a connection the worker is closing.
+    http_keepalive_timeout: int = Field(default=5, ge=1)
+    #: Seconds a worker stopped by SIGTERM goes on answering requests on its open connections
+    #: (each with ``Connection: close``) after it stops accepting new ones; it ends sooner once
+    #: none is left. Behind a load balancer, longer than its idle timeout; 0: close at once
+    #: (``make run``). The image sets 5.
+    shutdown_drain: float = Field(default=0.0, ge=0)
 
     # -- limits -----------------------------------------------------------------------------
     max_body_bytes: int = 1_048_576

@@ -4,6 +4,16 @@ uvicorn waits for every open response to finish before it runs the lifespan shut
 an SSE stream never finishes on its own. So on SIGTERM the broker's streams are ended first:
 legacy streams get ``retry:`` and listens their ``complete`` result, then uvicorn drains.
 
+Behind a load balancer that keeps connections to the workers open (nginx's upstream
+``keepalive``), the side that closes an idle connection must be the balancer: a request it
+sends on a connection the worker has just closed fails, and a POST that was sent is never
+retried, so the client gets a 502. Two things keep the worker from ever being that side:
+its idle timeout (``MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT``) is longer than the balancer's, and on
+SIGTERM it drains (``MCP_BROKER_SHUTDOWN_DRAIN`` seconds): it stops accepting, so a new
+connection is refused and the balancer sends the request elsewhere, and it keeps answering
+requests on the connections already open, each with ``Connection: close``, so the balancer
+stops reusing them. Only what is still open at the end of the drain is closed by uvicorn.
+
 It also tunes the cyclic garbage collector once the app has started. A worker holds many
 long-lived objects per open stream, and with CPython's default thresholds full collections
 kept running while 10,000 sessions connected and streamed, each one longer than the last:
@@ -15,6 +25,7 @@ The objects alive at startup (imports, settings) are frozen out of every later c
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 
@@ -36,9 +47,31 @@ class BrokerServer(uvicorn.Server):
             gc.set_threshold(*thresholds[0])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = max((b.settings.shutdown_drain for b in RUNNING), default=0.0)
+        if drain > 0:
+            self._close_after_each_reply()
         for broker in list(RUNNING):
             await broker.hub.shutdown()
+        if drain > 0:
+            await self._drain(drain)
         await super().shutdown(sockets)
+
+    def _close_after_each_reply(self) -> None:
+        """Refuse new connections, and end every open one after its next response."""
+        for server in self.servers:
+            server.close()  # uvicorn closes them again later; closing twice does nothing
+        # uvicorn puts these headers first in every response it starts from now on, and a
+        # ``Connection: close`` among them makes it close the connection once the response is
+        # sent. The list is replaced, not changed: responses already started keep the old one.
+        state = self.server_state
+        state.default_headers = [*state.default_headers, (b"connection", b"close")]
+
+    async def _drain(self, seconds: float) -> None:
+        """Wait until every connection is closed (by its client, or after a response), at most ``seconds``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.server_state.connections and not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
 
 class _WorkerProcess(multiprocess.Process):

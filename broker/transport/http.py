@@ -242,7 +242,10 @@ class McpEndpoint:
         if isinstance(session, Response):
             return session
         if self.broker.hub.closing:
-            return http_error(503, rpc.SERVICE_UNAVAILABLE, "Shutting down", {"Retry-After": "1"})
+            # A stopping worker still answers requests on open connections while it drains (see
+            # broker/server.py): a stream asked for now ends at once the way the streams open here
+            # ended, with ``retry:``, and the client comes back on another worker, with no error.
+            return SSEResponse(SSEWriter.retry, _nothing, retry_ms=self.settings.retry_ms)
         last_event_id = request.headers.get("last-event-id")
         cursor: int | None = None
         resync = False
@@ -348,3 +351,6 @@ class _PendingWriter:
     async def prime(self, event_id: str) -> None:
         return None
 
+
+def _nothing() -> None:
+    """A disconnect of a response that has nothing left to stop."""
