@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from broker.tenants import tenant_problem
 
 __all__ = ["Settings"]
 
@@ -95,3 +97,20 @@ class Settings(BaseSettings):
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = 3.0
+
+    @field_validator("default_tenant")
+    @classmethod
+    def _valid_default_tenant(cls, value: str) -> str:
+        problem = tenant_problem(value)
+        if problem:
+            raise ValueError(f"MCP_BROKER_DEFAULT_TENANT: {problem}")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _valid_key_bindings(cls, value: dict[str, str]) -> dict[str, str]:
+        for binding in value.values():
+            problem = tenant_problem(binding.partition("/")[0])
+            if problem:
+                raise ValueError(f'MCP_BROKER_API_KEYS: {problem}; write {{"<key>": "<tenant>/<subject>"}}')
+        return value

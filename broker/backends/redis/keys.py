@@ -23,6 +23,11 @@ key                            type        what
 ``P:bcast``                    channel     changes for modern listens, every worker subscribes
 =============================  ==========  ===================================================
 
+``<tenant>`` and ``<t>`` are the tenant name escaped (``%``, ``:``, ``{``, ``}``, ``/`` as ``%XX``):
+the names are injective whatever the input, so a tenant ``a:b`` never shares a key with tenant
+``a`` (``{i:a:b:x}`` would be tenant ``a``'s URI ``b:x``), and a valid tenant name (see
+``broker.tenants``) is written as it is, so keys made before the escaping are still found.
+
 A session's keys and its wake channel share the tag ``{s:<sid>}``, so each session script runs
 in one Cluster slot. A tenant's records share the tag of the change-log partition the tenant
 maps to (``{c:<n>}``), so a record write and its change are one atomic script. The index and
@@ -33,10 +38,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FANOUT_GROUP", "Keys", "SessionKeys"]
+__all__ = ["FANOUT_GROUP", "Keys", "SessionKeys", "escape_tenant"]
 
 #: The consumer group of the change log.
 FANOUT_GROUP = "fanout"
+
+
+_ESCAPES = str.maketrans({"%": "%25", ":": "%3A", "{": "%7B", "}": "%7D", "/": "%2F"})
+
+
+def escape_tenant(tenant: str) -> str:
+    """The tenant part of a key: no separator (``:``, ``/``), hash-tag brace or ``%`` left unescaped."""
+    return tenant.translate(_ESCAPES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +90,11 @@ class Keys:
         return None
 
     def tenant_sessions(self, tenant: str) -> str:
-        return f"{self.prefix}:{{t:{tenant}}}:sessions"
+        return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:sessions"
 
     def index(self, tenant: str, uri: str) -> str:
-        return f"{self.prefix}:{{i:{tenant}:{uri}}}"
+        # The tenant part holds no ':', so the first ':' after it ends it: injective.
+        return f"{self.prefix}:{{i:{escape_tenant(tenant)}:{uri}}}"
 
     def log(self, partition: int) -> str:
         return f"{self.prefix}:{{c:{partition}}}:log"
@@ -90,10 +104,10 @@ class Keys:
         return f"{self.prefix}:{{c:{partition}}}:lease"
 
     def records(self, partition: int, tenant: str, collection: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:rec:{tenant}/{collection}"
+        return f"{self.prefix}:{{c:{partition}}}:rec:{escape_tenant(tenant)}/{collection}"
 
     def record_ids(self, partition: int, tenant: str, collection: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:ids:{tenant}/{collection}"
+        return f"{self.prefix}:{{c:{partition}}}:ids:{escape_tenant(tenant)}/{collection}"
 
     def collections(self, partition: int, tenant: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:cols:{tenant}"
+        return f"{self.prefix}:{{c:{partition}}}:cols:{escape_tenant(tenant)}"
