@@ -59,6 +59,7 @@ def _publish(args: argparse.Namespace) -> int:
     from broker.changes import ChangeKind
     from broker.config import Settings
     from broker.core import Broker
+    from broker.errors import PublishRefused
     from broker.tenants import tenant_problem
 
     problem = tenant_problem(args.tenant) if args.tenant is not None else None
@@ -74,7 +75,12 @@ def _publish(args: argparse.Namespace) -> int:
         finally:
             await broker.backend.close()
 
-    print(asyncio.run(run()))
+    try:
+        print(asyncio.run(run()))
+    except PublishRefused as exc:
+        # Not acknowledged: nothing was appended. EX_TEMPFAIL: try again later.
+        print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
+        return 75
     return 0
 
 

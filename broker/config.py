@@ -86,10 +86,19 @@ class Settings(BaseSettings):
     # -- change log and fan-out ----------------------------------------------------------------
     #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.
     embedded_fanout: bool = True
-    changelog_maxlen: int = 100_000
+    #: Changes one partition of the change log may hold that fan-out has not processed yet;
+    #: a publish beyond it is refused with 503 before it is acknowledged (nothing unread is
+    #: ever trimmed). Processed changes are trimmed as fan-out acknowledges them.
+    changelog_maxlen: int = Field(default=100_000, ge=1)
     changelog_partitions: int = 1
     fanout_batch: int = 256
     fanout_claim_idle_ms: int = 5000
+
+    # -- change-log bounds (docs/LIMITS.md, "Change log and backend") ---------------------------
+    #: Changes one tenant may have in the change log that fan-out has not processed yet; a
+    #: publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
+    #: can fill neither the log nor another tenant's share of it.
+    changelog_tenant_max: int = Field(default=10_000, ge=1)
 
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = (50_000, 50, 100)

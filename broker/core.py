@@ -81,6 +81,10 @@ class Broker:
         """Append a change to the change log; returns its id.
 
         Raises:
+            QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out
+                (the change was refused; publish again later).
+            LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet
+                fanned out (refused; publish again later).
             BackendUnavailable: the change could not be stored (it was not accepted).
         """
         return await self.backend.publish(Change(tenant or self.settings.default_tenant, uri, kind, meta))

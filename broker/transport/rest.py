@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 
 from broker.auth import Principal, Unauthorized, authenticate
 from broker.core import Broker
-from broker.errors import BackendUnavailable, NotFound, WriteConflict
+from broker.errors import BackendUnavailable, LogFull, NotFound, QuotaExceeded, WriteConflict
 from broker.resources.records import RecordTooLarge
 from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.uris import collection_uri, record_uri
@@ -64,6 +64,11 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
         except orjson.JSONDecodeError as exc:
             raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
 
+    def refused(exc: QuotaExceeded | LogFull) -> HTTPException:
+        # The write was refused whole (record and change): nothing was stored.
+        return HTTPException(429 if isinstance(exc, QuotaExceeded) else 503, str(exc),
+                             headers={"Retry-After": str(exc.retry_after)})
+
     def dot_only(*names: str) -> None:
         if any(name.strip(".") == "" for name in names):
             raise HTTPException(422, "names may not consist of dots only")
@@ -101,7 +106,10 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
     async def put_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
         dot_only(name, record_id)
         value = await json_body(request, settings.max_record_bytes)
-        created = await broker.records.put(caller.tenant, name, record_id, value)
+        try:
+            created = await broker.records.put(caller.tenant, name, record_id, value)
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
                               status_code=201 if created else 200)
 
@@ -117,6 +125,8 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             raise HTTPException(413, f"record larger than {settings.max_record_bytes} bytes") from exc
         except WriteConflict as exc:
             raise HTTPException(409, "the record kept changing; retry the patch") from exc
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return ORJSONResponse(value)
 
     @router.get("/collections/{name}/{record_id}")
@@ -134,6 +144,8 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             await broker.records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return Response(status_code=204)
 
     return router

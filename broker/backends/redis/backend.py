@@ -116,6 +116,8 @@ class RedisBackend:
         self.scripts = Scripts(self.redis)
         self.changelog = ChangeLog(settings, self.redis, self.keys, self.scripts, cluster=self.cluster)
         self.epoch = ""
+        #: Times this process found the store's data lost (a new epoch); see ``_data_lost``.
+        self.data_losses = 0
         self.sharded = True
         self.publish_command = "SPUBLISH"
         self._bus: WakeBus | None = None
@@ -171,9 +173,17 @@ class RedisBackend:
         """Read the epoch, creating a new one when Redis lost it; updates ``self.epoch``."""
         epoch = as_text(await self.scripts.get_or_set(keys=[self.keys.epoch], args=[secrets.token_hex(4)]))
         if self.epoch and epoch != self.epoch:
-            logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+            self._data_lost(epoch)
         self.epoch = epoch
         return epoch
+
+    def _data_lost(self, epoch: str) -> None:
+        """Count and log a store that lost its data: changes not yet fanned out went with it."""
+        self.data_losses += 1
+        backlog = sum(self.changelog.backlog.values())
+        logger.warning("redis epoch changed from %s to %s: its data was lost, with every change not yet fanned "
+                       "out (%d when this worker last acknowledged; data losses seen by this worker: %d)",
+                       self.epoch, epoch, backlog, self.data_losses)
 
     def _bus_or_fail(self) -> WakeBus:
         if self._bus is None:
@@ -206,7 +216,7 @@ class RedisBackend:
             batch.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
             epoch = as_text((await batch.execute())[0])
             if epoch != self.epoch:
-                logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+                self._data_lost(epoch)
                 self.epoch = record.epoch = epoch
                 await self.redis.hset(keys.meta, "epoch", epoch)
 

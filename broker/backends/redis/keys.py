@@ -15,6 +15,7 @@ key                            type        what
 ``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
 ``P:{i:<tenant>:<uri>}``       set         the index: session ids subscribed to one URI
 ``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
+``P:{c:<n>}:backlog``          hash        per tenant: changes of partition ``n`` not yet fanned out
 ``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
 ``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
@@ -102,6 +103,10 @@ class Keys:
     def lease(self, partition: int) -> str:
         """Which fan-out consumer holds the partition (it alone reads it, so changes keep their order)."""
         return f"{self.prefix}:{{c:{partition}}}:lease"
+
+    def backlog(self, partition: int) -> str:
+        """Per tenant, how many of the partition's changes fan-out has not processed yet."""
+        return f"{self.prefix}:{{c:{partition}}}:backlog"
 
     def records(self, partition: int, tenant: str, collection: str) -> str:
         return f"{self.prefix}:{{c:{partition}}}:rec:{escape_tenant(tenant)}/{collection}"
