@@ -94,11 +94,18 @@ class Settings(BaseSettings):
     fanout_batch: int = 256
     fanout_claim_idle_ms: int = 5000
 
-    # -- change-log bounds (docs/LIMITS.md, "Change log and backend") ---------------------------
+    # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
     #: Changes one tenant may have in the change log that fan-out has not processed yet; a
     #: publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
     #: can fill neither the log nor another tenant's share of it.
     changelog_tenant_max: int = Field(default=10_000, ge=1)
+    #: Bytes of one wake-up message to a worker (Redis pub/sub, single node): a fan-out batch's
+    #: wake-ups for one worker are split into messages of at most this size, far below Redis's
+    #: pub/sub output buffer limit (32 MB by default), which would drop the worker's connection.
+    wake_message_max_bytes: int = Field(default=262_144, ge=1024)
+    #: A session's frames larger than this are not carried in its wake-up: the stream reads
+    #: them from its inbox instead.
+    wake_frame_max_bytes: int = Field(default=65_536, ge=0)
 
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = (50_000, 50, 100)

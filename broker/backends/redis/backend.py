@@ -80,16 +80,17 @@ from broker.backends.base import (
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
+    NodeWake,
     as_text,
     decode_changes,
     decode_entry,
     decode_session,
     encode_changes,
     encode_frame,
-    encode_node_wakes,
     encode_session,
     encode_session_fields,
     entry_offset,
+    split_node_wakes,
 )
 from broker.backends.redis.connection import ClientFactory, open_clients, unavailable
 from broker.backends.redis.keys import Keys
@@ -462,21 +463,30 @@ class RedisBackend:
 
     async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
                              frames: dict[str, list[bytes]]) -> None:
-        """One wake-up message per worker node for a whole batch, after the appends.
+        """The wake-ups of a whole batch, per worker node, in messages of bounded size, after the appends.
 
         Publishing after the append script (rather than inside it) keeps the handoff: a stream
         registers its node before it reads the inbox, so a frame appended later is either in
-        that read or announced to the node afterwards.
+        that read or announced to the node afterwards. A session whose frames are larger than
+        ``wake_frame_max_bytes`` gets a frameless wake and reads them from its inbox: one large
+        change watched by many streams on a worker must not reach Redis's pub/sub buffer limit,
+        which drops the worker's connection and makes every stream of it re-read.
         """
-        by_node: dict[str, list[tuple[str, int, bytes]]] = {}
+        settings = self.settings
+        frame_max = min(settings.wake_frame_max_bytes, settings.wake_message_max_bytes // 2)
+        by_node: dict[str, list[NodeWake]] = {}
         for sid, head, node in zip(sids, heads, nodes, strict=True):
             if head >= 0 and node:
-                count = len(frames[sid])
-                by_node.setdefault(node, []).append((sid, head - count + 1, b"".join(frames[sid])))
+                packed = b"".join(frames[sid])
+                entry: NodeWake = (sid, head, None) if len(packed) > frame_max else (
+                    sid, head - len(frames[sid]) + 1, packed)
+                by_node.setdefault(node, []).append(entry)
         if by_node:
             batch = Batch(self.redis)
             for node, entries in by_node.items():
-                batch.pipe.execute_command(self.publish_command, self.keys.node_wake(node), encode_node_wakes(entries))
+                channel = self.keys.node_wake(node)
+                for message in split_node_wakes(entries, settings.wake_message_max_bytes):
+                    batch.pipe.execute_command(self.publish_command, channel, message)
             await batch.execute()
 
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
