@@ -60,8 +60,8 @@ def main() -> None:
         runs = [asyncio.run(one_run(server.url, args.changes)) for _ in range(args.repeats)]
     for name in runs[0]:
         values = [run[name] for run in runs]
-        runs = ", ".join(f"{v:.1f}" for v in values)
-        print(f"{name:13} best {min(values):6.1f}, median {statistics.median(values):6.1f} us/change  (runs: {runs})")
+        listed = ", ".join(f"{v:.1f}" for v in values)
+        print(f"{name:13} best {min(values):6.1f}, median {statistics.median(values):6.1f} us/change  (runs: {listed})")
 
 
 if __name__ == "__main__":
