@@ -14,14 +14,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.config import Settings
 from broker.core import Broker
 from broker.errors import BackendUnavailable
 from broker.protocol import jsonrpc as rpc
-from broker.transport.guards import HostPolicy
+from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint, http_error
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
@@ -43,8 +44,13 @@ class BrokerApp:
         self._direct: dict[str, ASGIApp] = {"/changes": ChangesEndpoint(broker)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)  # lifespan
+            return
+        path = scope["path"]
+        # The try is here rather than in a helper awaited from here: each frame a GET stream awaits
+        # through stays suspended for as long as the stream is open.
+        try:
             if not self.hosts.any and not self.hosts.allows(host := _header(scope, b"host")):
                 if not self._warned_host:
                     self._warned_host = True
@@ -63,7 +69,21 @@ class BrokerApp:
             if endpoint is not None:
                 await endpoint(scope, receive, send)
                 return
-        await self.api(scope, receive, send)
+            await self.api(scope, receive, _with_safe_headers(send))
+        except ClientDisconnect:
+            # A client that leaves before its body is read is no error of the server's: no traceback.
+            logger.debug("%s %s: the client left before its request body was read", scope["method"], path)
+
+
+def _with_safe_headers(send: Send) -> Send:
+    """``send`` adding ``NO_SNIFF_NO_STORE`` to whatever FastAPI answers (routes, 404, 405, 422, handlers)."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *NO_SNIFF_NO_STORE]
+        await send(message)
+
+    return wrapped
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -76,7 +96,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def _misdirected(path: str) -> Response:
     if path == "/mcp":
         return http_error(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
-    return JSONResponse({"detail": "Host not allowed"}, status_code=421)
+    response = JSONResponse({"detail": "Host not allowed"}, status_code=421)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
 
 
 def create_app(settings: Settings | None = None, broker: Broker | None = None) -> BrokerApp:
@@ -91,7 +113,9 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
         finally:
             await broker.stop()
 
-    api = FastAPI(title="mcp-broker", version=broker.server_info["version"], lifespan=lifespan)
+    # No trailing-slash redirects: Starlette builds their Location from the request's Host.
+    api = FastAPI(title="mcp-broker", version=broker.server_info["version"], lifespan=lifespan,
+                  redirect_slashes=False)
     api.state.broker = broker
     api.include_router(build_router(broker))
 

@@ -14,18 +14,30 @@ __all__ = ["main"]
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
+    from pydantic import ValidationError
 
+    from broker.config import Settings
     from broker.server import BrokerServer, run_workers
+    from broker.transport.wire import WireLimits, protocol_factory
 
     os.environ["MCP_BROKER_HOST"] = args.host
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = "MCP_BROKER_" + str(error["loc"][0]).upper() if error["loc"] else "a setting"
+        print(f"mcp-broker: {name}: {error['msg']}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
         host=args.host,
         port=args.port,
+        # Header size, head and body deadlines and a connection cap (broker/transport/wire.py).
+        http=protocol_factory(WireLimits.from_settings(settings)),
         workers=args.workers,
         log_level=args.log_level,
         access_log=False,
@@ -56,7 +68,9 @@ def _fanout(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from broker.changes import ChangeKind
+    import orjson
+
+    from broker.changes import ChangeKind, InvalidChange
     from broker.config import Settings
     from broker.core import Broker
     from broker.errors import PublishRefused
@@ -67,16 +81,25 @@ def _publish(args: argparse.Namespace) -> int:
         print(f"mcp-broker publish: {problem}", file=sys.stderr)
         return 2
 
+    try:
+        meta = orjson.loads(args.meta) if args.meta is not None else None
+    except orjson.JSONDecodeError as exc:
+        print(f"mcp-broker publish: --meta is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+
     async def run() -> str:
         broker = Broker(Settings())
         await broker.backend.start()
         try:
-            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant)
+            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant, meta=meta)
         finally:
             await broker.backend.close()
 
     try:
         print(asyncio.run(run()))
+    except InvalidChange as exc:
+        print(f"mcp-broker publish: {exc}", file=sys.stderr)
+        return 2
     except PublishRefused as exc:
         # Not acknowledged: nothing was appended. EX_TEMPFAIL: try again later.
         print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
@@ -124,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("uri")
     publish.add_argument("--kind", default="updated", choices=["updated", "created", "deleted"])
     publish.add_argument("--tenant", default=None)
+    publish.add_argument("--meta", default=None, help="a JSON object for the notification's params._meta")
     publish.set_defaults(func=_publish)
     return parser
 

@@ -54,8 +54,25 @@ class Settings(BaseSettings):
     server_name: str = "mcp-broker"
     instructions: str = "Resources with change notifications. Subscribe to a URI and re-read it when notified."
 
+    # -- on the wire (broker/transport/wire.py) ---------------------------------------------------
+    #: Bytes of one request head (request line and headers); larger heads get 431 and a close.
+    #: nginx's default allows 4 x 8 KiB; tokens and cookies of real clients fit well within this.
+    max_header_bytes: int = Field(default=32_768, ge=1024)
+    #: Seconds from a connection's start, or from a kept-alive request's first byte, to its
+    #: complete head; then 408 and close (slow-header attacks). Idle between requests: uvicorn's
+    #: 5 s keep-alive timeout.
+    header_timeout: float = Field(default=10.0, gt=0)
+    #: Seconds from a complete head to a complete body (a short or endless body); then 408 and close.
+    #: At the 1 MiB body limit this asks for about 35 KB/s.
+    body_timeout: float = Field(default=30.0, gt=0)
+    #: Open connections per worker process; more are answered 503 and closed at once. 0: derived
+    #: from the descriptor limit (``ulimit -n``) minus a tenth of it, and at least the Redis pool
+    #: plus 128, kept for everything else (18,000 with 20,000 descriptors).
+    max_connections: int = Field(default=0, ge=0)
+
     # -- limits -----------------------------------------------------------------------------
     max_body_bytes: int = 1_048_576
+    #: Bytes (UTF-8) of any URI a client sends: params, listen filters, published changes.
     max_uri_length: int = 2048
     max_record_bytes: int = 262_144
     max_sessions: int = 100_000
@@ -63,6 +80,29 @@ class Settings(BaseSettings):
     max_listens: int = 10_000
     max_listen_uris: int = 1000
     page_size: int = 100
+
+    # -- requests: what one request may cost the worker that answers it -------------------
+    #: Messages in one 2025-03-26 JSON-RPC batch (HTTP body or stdio line); a longer batch is
+    #: refused whole with -32600 (HTTP 400) before any of it runs.
+    max_batch_items: int = Field(default=100, ge=1)
+    #: Bytes of one batch's answer. Once the answers would pass it, the batch's remaining
+    #: requests are not answered (nor run, but for the one whose reply crossed it) and each gets a
+    #: -31001 error instead; the whole answer stays under it.
+    max_response_bytes: int = Field(default=4_194_304, ge=1024)
+    # -- input: what a client may make the broker keep (docs/LIMITS.md, "Input") ---------------
+    #: Bytes of a change's ``meta`` (encoded JSON): it is copied into every notification of the change.
+    max_meta_bytes: int = Field(default=8192, gt=0)
+    #: How deep a change's ``meta``, and ``initialize``'s ``clientInfo`` and ``capabilities``, may nest.
+    max_input_depth: int = Field(default=16, gt=0)
+    #: Bytes of ``clientInfo`` plus ``capabilities`` (encoded JSON), kept with the session for its life.
+    max_client_info_bytes: int = Field(default=4096, gt=0)
+    #: Bytes of all the URIs of one ``subscriptions/listen`` filter together.
+    max_listen_filter_bytes: int = Field(default=131_072, gt=0)
+    #: How deep a record (PUT) or a merge patch (PATCH) may nest; below orjson's own 255.
+    max_record_depth: int = Field(default=64, gt=0, le=250)
+    #: Records one tenant may keep, and their bytes (values), across all its collections.
+    max_records_per_tenant: int = Field(default=100_000, gt=0)
+    max_record_bytes_per_tenant: int = Field(default=268_435_456, gt=0)
 
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = 1800.0
@@ -78,10 +118,14 @@ class Settings(BaseSettings):
     keepalive_interval: float = 15.0
     #: The SSE ``retry:`` hint, in milliseconds.
     retry_ms: int = 1000
-    #: Seconds the backend may stay unreachable (seen by the keep-alive timer) before open
-    #: streams end with ``retry:``. A restart shorter than this keeps streams open; a longer
-    #: outage sends clients to resume from their cursors.
-    outage_grace: float = 5.0
+    #: Seconds the backend may stay unreachable before open streams and listens end with
+    #: ``retry:``, timed from when the first health ping that got no answer was sent (a hung
+    #: Redis counts from then, not from its socket timeout). A restart shorter than this keeps
+    #: streams open; a longer outage sends clients to resume from their cursors, elsewhere.
+    outage_grace: float = Field(default=5.0, gt=0)
+    #: Seconds between health pings while this process holds open streams (one in flight at a
+    #: time, none while it holds none). Streams end at most this long after ``outage_grace``.
+    outage_check_interval: float = Field(default=1.0, gt=0)
 
     # -- change log and fan-out ----------------------------------------------------------------
     #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.

@@ -10,7 +10,7 @@ from typing import Any
 
 from broker import __version__
 from broker.backends import Backend, create_backend
-from broker.changes import Change, ChangeKind
+from broker.changes import ChangeKind, ChangeRules, InvalidChange
 from broker.config import Settings
 from broker.delivery import Hub
 from broker.errors import BackendUnavailable, raise_if_cancelled
@@ -20,6 +20,7 @@ from broker.protocol.messages import SERVER_INFO_KEY
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import RecordsProvider, RecordStore
 from broker.sessions import Sessions
+from broker.uris import valid_name
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -64,7 +65,8 @@ class Broker:
         self.backend = backend or create_backend(self.settings)
         self.server_info = {"name": self.settings.server_name, "version": __version__}
         self.resources = Resources([RecordsProvider(self.backend)])
-        self.records = RecordStore(self.backend)
+        self.rules = ChangeRules.from_settings(self.settings)
+        self.records = RecordStore(self.backend, self.settings, self.rules)
         self.sessions = Sessions(self.settings, self.backend)
         self.hub = Hub(self.settings, self.backend, {SERVER_INFO_KEY: self.server_info})
         self.methods = Methods(self)
@@ -81,13 +83,18 @@ class Broker:
         """Append a change to the change log; returns its id.
 
         Raises:
+            InvalidChange: the change breaks ``ChangeRules`` (a URI or ``meta`` that could not be
+                delivered, a record URI of another tenant, a tenant name that is not one).
             QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out
                 (the change was refused; publish again later).
             LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet
                 fanned out (refused; publish again later).
             BackendUnavailable: the change could not be stored (it was not accepted).
         """
-        return await self.backend.publish(Change(tenant or self.settings.default_tenant, uri, kind, meta))
+        tenant = self.settings.default_tenant if tenant is None else tenant
+        if not valid_name(tenant):
+            raise InvalidChange(f"not a tenant name: {tenant!r}")
+        return await self.backend.publish(self.rules.change(tenant, uri, kind, meta))
 
     async def start(self) -> None:
         await self.backend.start()

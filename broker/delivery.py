@@ -13,9 +13,13 @@ Two kinds of stream live here:
 ``Listen``
     A 2026-07-28 ``subscriptions/listen`` stream. It has no replay by specification. Its
     pending frames are coalesced per URI, so its buffer is bounded by the size of its filter.
+    When the backend may have lost broadcasts (on Redis, the worker's pub/sub connection was
+    re-made), every listen gets the gap rule: an ``updated`` for each URI of its filter, and
+    ``list_changed`` if it asked for those, so its client re-reads instead of missing a change.
 
 One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the
-idle clock of sessions with an open stream from running out, and ends every stream on
+idle clock of sessions with an open stream from running out, watches the backend's health
+while streams are open (one ping at a time, on its own schedule), and ends every stream on
 shutdown (``retry:`` for legacy streams, the ``complete`` result for listens).
 
 Who cancels whom: a stream ends when its writer reports a disconnect, when the Hub shuts
@@ -396,6 +400,8 @@ class Listen(_Stream):
         # reads is sent once, so the buffer never holds more than one frame per watched URI.
         self.pending: dict[str, bytes] = {}
         self._stamp = {SUBSCRIPTION_ID: request_id}
+        #: Broadcasts may have been lost: the task owes its client the gap rule.
+        self._resync = False
 
     def push(self, key: str, method: str, params: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Queue a notification; a newer one for the same key replaces the pending one in place.
@@ -408,6 +414,25 @@ class Listen(_Stream):
             self.active = True
             self._wake()
 
+    def resync(self) -> None:
+        """Changes may have been missed (the backend lost broadcasts): apply the gap rule.
+
+        The listen's own task builds the frames, each through ``push``, so a URI that has a
+        frame pending costs nothing more, and a worker resynchronising thousands of listens does
+        not hold its event loop for all of them at once.
+        """
+        if self.ended is None:
+            self._resync = True
+            self.active = True
+            self._wake()
+
+    def _push_resync(self) -> None:
+        self._resync = False
+        for uri in self.uris:
+            self.push("u:" + uri, "notifications/resources/updated", {"uri": uri})
+        if self.list_changed:
+            self.push("l", "notifications/resources/list_changed", {})
+
     async def run(self, acknowledged: dict[str, Any]) -> str:
         hub = self.hub
         hub.add_listen(self)
@@ -417,6 +442,8 @@ class Listen(_Stream):
                                       {"_meta": self._stamp, "notifications": acknowledged})
             )
             while self.ended is None:
+                if self._resync:
+                    self._push_resync()
                 if self.pending:
                     pending, self.pending = self.pending, {}
                     # One write for all of them, so a cancel cannot land between two frames.
@@ -436,7 +463,7 @@ class Listen(_Stream):
 
 
 class Hub:
-    """Every stream this process holds, one keep-alive timer, and the listen registry."""
+    """Every stream this process holds, one keep-alive timer, the backend's health, and the listen registry."""
 
     def __init__(self, settings: Settings, backend: Backend, server_meta: dict[str, Any]) -> None:
         self.settings = settings
@@ -446,84 +473,145 @@ class Hub:
         self.listens: set[Listen] = set()
         self._by_uri: dict[tuple[str, str], set[Listen]] = {}
         self._list_changed: dict[str, set[Listen]] = {}
-        self._timer: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._remove_broadcast: Callable[[], Awaitable[None]] | None = None
         self.closing = False
-        #: Loop time of the first failed backend call of the current outage, None while reachable.
+        #: Loop time at which the first backend ping that did not answer was sent; None while
+        #: the backend answers (or no stream is open to care).
         self.outage_since: float | None = None
 
     async def start(self) -> None:
-        self._remove_broadcast = await self.backend.on_broadcast(self._on_change)
-        self._timer = asyncio.create_task(self._tick(), name="hub-keepalive")
+        self._remove_broadcast = await self.backend.on_broadcast(self._on_change, self._on_broadcast_lost)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._tick(), name="hub-keepalive"),
+                       loop.create_task(self._touch(), name="hub-touch"),
+                       loop.create_task(self._watch_backend(), name="hub-health")]
+
+    def _streams(self) -> list[_Stream]:
+        return [*self.legacy, *self.listens]
 
     async def _tick(self) -> None:
         # Keep-alives are spread over KEEPALIVE_SLOTS ticks per interval, and only streams that
         # sent nothing since their last turn get one: 10,000 streams woken in the same instant
         # stalled every other stream for tens of milliseconds (measured: p99 of the targeted
-        # benchmark 170 ms with one burst per interval, 25 ms without). Sessions with an open
-        # stream are touched well within their TTL, whatever the keep-alive interval.
-        keepalive = self.settings.keepalive_interval
-        touch_every = min(keepalive, self.settings.session_ttl / 3)
-        loop = asyncio.get_running_loop()
-        next_touch = loop.time() + touch_every
+        # benchmark 170 ms with one burst per interval, 25 ms without).
         turn = 0
         while True:
-            await asyncio.sleep(min(keepalive / KEEPALIVE_SLOTS, touch_every))
+            await asyncio.sleep(self.settings.keepalive_interval / KEEPALIVE_SLOTS)
             turn = (turn + 1) % KEEPALIVE_SLOTS
-            for stream in [*self.legacy, *self.listens]:
+            for stream in self._streams():
                 if hash(stream) % KEEPALIVE_SLOTS == turn:
                     if stream.active:
                         stream.active = False
                     else:
                         stream.keepalive()
-            if loop.time() >= next_touch:
-                next_touch = loop.time() + touch_every
-                sids = [s.session.id for s in self.legacy]
-                if not sids and not self.listens:
-                    self.outage_since = None  # nothing to protect; a later stream starts afresh
-                    continue
-                try:
-                    await self._check_backend(sids)
-                except Exception:  # the timer's boundary: keep-alives must outlive any one failure
-                    raise_if_cancelled()
-                    logger.exception("backend check of open streams failed")
 
-    async def _check_backend(self, sids: list[str]) -> None:
-        """Refresh the idle clocks of open sessions; this doubles as the health check of open streams."""
-        now = asyncio.get_running_loop().time()
+    async def _touch(self) -> None:
+        """Sessions with an open stream are touched well within their TTL, whatever the keep-alive interval.
+
+        A task of its own, so a touch that waits out the Redis timeouts holds up neither
+        keep-alives nor the health check.
+        """
+        every = min(self.settings.keepalive_interval, self.settings.session_ttl / 3)
+        while True:
+            await asyncio.sleep(every)
+            sids = [s.session.id for s in self.legacy]
+            try:
+                for start in range(0, len(sids), TOUCH_CHUNK):
+                    await self.backend.touch_sessions(sids[start:start + TOUCH_CHUNK])
+            except BackendUnavailable as exc:
+                logger.warning("could not refresh the idle clocks of %d open sessions: %s", len(sids), exc)
+            except Exception:  # the task's boundary: the next round must still run
+                raise_if_cancelled()
+                logger.exception("refreshing the idle clocks of open sessions failed")
+
+    async def _watch_backend(self) -> None:
+        """End every stream with ``retry:`` once the backend has not answered for ``outage_grace`` seconds.
+
+        While streams are open, one ping every ``outage_check_interval`` seconds, never two at a
+        time. An outage is timed from the moment the first ping that did not answer was *sent*:
+        a ping that hangs (a frozen Redis, a route that drops packets) counts from then, not
+        from when the client library gives up, and the keep-alive interval plays no part. A
+        ping that answers late, within the grace, was a blip: streams stay open.
+        """
+        loop = asyncio.get_running_loop()
+        interval = self.settings.outage_check_interval
+        grace = self.settings.outage_grace
+        ping: asyncio.Task[None] | None = None
+        sent = next_ping = loop.time()
+        ended_for: float | None = None  # the outage whose streams were ended (logged once)
         try:
-            if not sids:
-                await self.backend.ping()
-            for start in range(0, len(sids), TOUCH_CHUNK):
-                await self.backend.touch_sessions(sids[start:start + TOUCH_CHUNK])
-            self.outage_since = None
-        except BackendUnavailable:
-            self.outage_since = self.outage_since if self.outage_since is not None else now
-            logger.warning("backend unavailable for %.1fs with %d open streams",
-                           now - self.outage_since, len(self.legacy) + len(self.listens))
-            if now - self.outage_since >= self.settings.outage_grace:
-                # Wake-ups may have been lost and nothing can be read: clients resume from their
-                # cursors (elsewhere, or here later) rather than sit on a stream that went deaf.
-                for stream in [*self.legacy, *self.listens]:
-                    stream.end("unavailable")
+            while True:
+                now = loop.time()
+                if ping is not None and ping.done():
+                    answered = not ping.cancelled() and ping.exception() is None
+                    ping = None
+                    if answered:
+                        if self.outage_since is not None:
+                            logger.warning("backend answers again after %.1fs", now - self.outage_since)
+                        self.outage_since = ended_for = None
+                    elif self.outage_since is None:
+                        self.outage_since = sent
+                streams = bool(self.legacy or self.listens)
+                if not streams and ping is None:
+                    self.outage_since = None  # nothing to protect; a later stream starts afresh
+                elif ping is None and now >= next_ping:
+                    sent, next_ping = now, now + interval
+                    ping = loop.create_task(self._ping(max(grace, interval)), name="hub-ping")
+                since = self.outage_since if self.outage_since is not None else (sent if ping is not None else None)
+                if streams and since is not None and now - since >= grace:
+                    if ended_for != since:
+                        ended_for = since
+                        logger.warning("backend unavailable for %.1fs: ending %d streams with retry:",
+                                       now - since, len(self.legacy) + len(self.listens))
+                    # Wake-ups may have been lost and nothing can be read: clients resume from their
+                    # cursors (elsewhere, or here later) rather than sit on a stream that went deaf.
+                    for stream in self._streams():
+                        stream.end("unavailable")
+                # Sleep until the next ping is due, the one in flight settles, or the grace runs out.
+                wake = now + interval if ping is not None else next_ping
+                if streams and since is not None and now < since + grace:
+                    wake = min(wake, since + grace)
+                if ping is not None:
+                    await asyncio.wait({ping}, timeout=max(0.0, wake - now))
+                else:
+                    await asyncio.sleep(max(0.0, wake - now) if streams else interval)
+        finally:
+            if ping is not None:
+                ping.cancel()
+
+    async def _ping(self, deadline: float) -> None:
+        """Raises ``BackendUnavailable`` or ``TimeoutError``: the backend did not answer."""
+        async with asyncio.timeout(deadline):
+            await self.backend.ping()
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """End every stream (``retry:`` / ``complete``) and wait for them to go, at most ``timeout``."""
         self.closing = True
-        for stream in [*self.legacy, *self.listens]:
+        for stream in self._streams():
             stream.end("shutdown")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while (self.legacy or self.listens) and loop.time() < deadline:
             await asyncio.sleep(0.01)
-        if self._timer is not None:
-            self._timer.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         remove, self._remove_broadcast = self._remove_broadcast, None  # shutdown may run twice
         if remove is not None:
             try:
                 await remove()
             except BackendUnavailable:
                 pass
+
+    def _on_broadcast_lost(self) -> None:
+        """The backend may have lost broadcasts (its connection was re-made): every listen gets the gap rule."""
+        if self.listens:
+            logger.warning("broadcasts may have been lost; resynchronising %d listens", len(self.listens))
+        for listen in self.listens:
+            listen.resync()
 
     # -- listens ------------------------------------------------------------------------
     def add_listen(self, listen: Listen) -> None:

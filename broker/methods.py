@@ -16,7 +16,6 @@ Deliberate departures from the specification, each with its reason:
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,9 +23,11 @@ from broker.auth import Principal
 from broker.backends.base import SessionRecord
 from broker.errors import BackendUnavailable, LimitExceeded, NotFound
 from broker.protocol import jsonrpc as rpc
+from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.resources.base import BadCursor
+from broker.uris import BadUri, check_uri
 
 if TYPE_CHECKING:
     from broker.core import Broker
@@ -35,7 +36,6 @@ __all__ = ["Call", "Methods"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S")
 #: Results of these methods carry the 2026-07-28 caching hints.
 _CACHEABLE: Final = frozenset({"server/discover", "resources/list", "resources/read", "resources/templates/list"})
 LEGACY_METHODS: Final = frozenset({
@@ -62,20 +62,20 @@ class Methods:
         self.settings = broker.settings
 
     # -- validation ------------------------------------------------------------------------
-    def uri_param(self, params: dict[str, Any], name: str = "uri") -> str:
+    def uri_param(self, params: dict[str, Any], name: str = "uri", *, canonical: bool = True) -> str:
         """A URI param, checked for type, size and syntax. Raises RpcError -32602."""
         uri = params.get(name)
         if not isinstance(uri, str):
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name} must be a string")
-        self.check_uri(uri)
+        self.check_uri(uri, canonical=canonical)
         return uri
 
-    def check_uri(self, uri: str) -> None:
-        if len(uri) > self.settings.max_uri_length:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"URI longer than {self.settings.max_uri_length} characters",
-                               {"maxLength": self.settings.max_uri_length})
-        if not _SCHEME.match(uri) or any(c.isspace() or ord(c) < 0x20 for c in uri):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "not an absolute URI", {"uri": uri})
+    def check_uri(self, uri: str, *, canonical: bool = True) -> None:
+        """``broker.uris.check_uri`` with this broker's bound, as a JSON-RPC error. Raises RpcError -32602."""
+        try:
+            check_uri(uri, self.settings.max_uri_length, canonical=canonical)
+        except BadUri as exc:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, exc.message, exc.data) from exc
 
     def not_found(self, call: Call, uri: str) -> rpc.RpcError:
         code = rpc.INVALID_PARAMS if call.modern else rpc.RESOURCE_NOT_FOUND
@@ -118,6 +118,16 @@ class Methods:
         caps = params.get("capabilities", {})
         if not isinstance(client_info, dict) or not isinstance(caps, dict):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.clientInfo and params.capabilities must be objects")
+        # Both are kept in the session record for its life (and, on Redis, in every copy of it).
+        limit, depth = self.settings.max_client_info_bytes, self.settings.max_input_depth
+        try:
+            size = sum(len(encode_bounded(value, depth, limit, f"params.{name}"))
+                       for name, value in (("clientInfo", client_info), ("capabilities", caps)))
+        except JsonRefused as exc:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, str(exc), {"maxBytes": limit, "maxDepth": depth}) from exc
+        if size > limit:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.clientInfo and params.capabilities are {size} bytes "
+                               f"encoded, more than the limit of {limit} bytes", {"maxBytes": limit, "maxDepth": depth})
         return negotiate_legacy(version), client_info, caps
 
     def initialize_result(self, version: str) -> dict[str, Any]:
@@ -156,6 +166,8 @@ class Methods:
 
     async def _resources_templates_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
         if cursor is not None:
             # One page holds every template; only a cursor this listing never issues can arrive here.
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
@@ -182,7 +194,8 @@ class Methods:
         return {}
 
     async def _resources_unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        uri = self.uri_param(params)
+        # Not held to the canonical spelling: a subscription made before that rule can still go.
+        uri = self.uri_param(params, canonical=False)
         session = self._session(call)
         await self.broker.backend.remove_subscription(session.id, session.tenant, uri)
         return {}
@@ -211,6 +224,11 @@ class Methods:
         if len(uris) > self.settings.max_listen_uris:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"Too many URIs: at most {self.settings.max_listen_uris} per listen",
                                {"limit": self.settings.max_listen_uris}, status=400)
+        total = sum(len(uri.encode("utf-8", "surrogatepass")) for uri in uris)
+        budget = self.settings.max_listen_filter_bytes
+        if total > budget:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"The filter's URIs are {total} bytes, more than the limit of "
+                               f"{budget}", {"limit": budget}, status=400)
         for flag in ("toolsListChanged", "promptsListChanged", "resourcesListChanged"):
             if flag in spec and not isinstance(spec[flag], bool):
                 raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", status=400)

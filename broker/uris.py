@@ -1,15 +1,64 @@
-"""URIs of the built-in record collections: ``mcpb://<tenant>/<collection>[/<id>]``."""
+"""URIs: the rule every URI a client sends must pass, and those of the built-in record collections
+(``mcpb://<tenant>/<collection>[/<id>]``).
+
+URIs are compared as exact strings everywhere (subscriptions, the index, the change log), so a
+spelling of a record URI the broker never writes (``MCPB://``, ``mcpb:x``) is refused rather
+than accepted to reach nobody. RFC 3986 makes the scheme case-insensitive; normalising it would
+notify a client with another string than the one it subscribed to, which it could not match.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Final, NamedTuple
 
-__all__ = ["SCHEME", "RecordRef", "collection_uri", "notify_targets", "parse_record_uri", "record_uri", "valid_name"]
+__all__ = [
+    "SCHEME",
+    "BadUri",
+    "RecordRef",
+    "check_uri",
+    "collection_uri",
+    "notify_targets",
+    "parse_record_uri",
+    "record_uri",
+    "valid_name",
+]
 
 SCHEME: Final = "mcpb"
 _NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")
 _PREFIX: Final = SCHEME + "://"
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S")
+
+
+class BadUri(ValueError):
+    """A URI the broker refuses; ``data`` is the JSON-RPC error data that goes with the message."""
+
+    def __init__(self, message: str, data: dict[str, object]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+def check_uri(uri: str, max_bytes: int, *, canonical: bool = True) -> None:
+    """The rule for every URI a client sends: at most ``max_bytes`` in UTF-8, absolute, no
+    whitespace or control characters, and (``canonical``) a record URI spelled as the broker
+    writes it: ``mcpb://`` in lower case.
+
+    Raises:
+        BadUri: naming the rule broken.
+    """
+    if len(uri) > max_bytes or (not uri.isascii() and len(uri.encode("utf-8", "surrogatepass")) > max_bytes):
+        raise BadUri(f"URI longer than {max_bytes} bytes", {"maxLength": max_bytes})
+    if not _ABSOLUTE.match(uri) or any(c.isspace() or ord(c) < 0x20 for c in uri):
+        raise BadUri("not an absolute URI", {"uri": uri})
+    if not uri.isascii():
+        try:
+            uri.encode()
+        except UnicodeEncodeError:
+            raise BadUri("not an absolute URI: it is not valid Unicode", {}) from None
+    if canonical and uri[: len(SCHEME) + 1].lower() == SCHEME + ":" and not uri.startswith(_PREFIX):
+        raise BadUri(f"record URIs are written {_PREFIX}<tenant>/<collection>[/<id>], scheme in lower case",
+                     {"uri": uri})
 
 
 class RecordRef(NamedTuple):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -9,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -40,16 +41,22 @@ def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "co
 class BrokerProcess:
     """``mcp-broker serve`` on a free loopback port, in its own process."""
 
-    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None, port: int | None = None):
+    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None, port: int | None = None,
+                 log: Path | None = None, log_level: str = "warning", host: str = "127.0.0.1",
+                 prefix: list[str] | None = None):
+        """``log``: a file that receives the broker's stderr (its log); by default a pipe. ``host``: the
+        address it listens on and is reached at; ``prefix``: a command that runs it (``ip netns exec <ns>``)."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         full_env = {**os.environ, "MCP_BROKER_KEEPALIVE_INTERVAL": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [str(BIN), "--log-level", "warning", "serve", "--port", str(self.port), *(args or [])],
-            env=full_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        with open(log, "ab") if log is not None else _pipe() as stderr:
+            self.proc = subprocess.Popen(
+                [*(prefix or []), str(BIN), "--log-level", log_level, "serve", "--port", str(self.port),
+                 *(["--host", host] if host != "127.0.0.1" else []), *(args or [])],
+                env=full_env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         try:
             wait_until(lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200, what="broker start")
         except TimeoutError:
@@ -77,6 +84,11 @@ class BrokerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+@contextlib.contextmanager
+def _pipe() -> Iterator[int]:
+    yield subprocess.PIPE
 
 
 def redis_server_binary() -> str | None:

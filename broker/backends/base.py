@@ -48,8 +48,12 @@ Change log
 
 Listen broadcast
     ``broadcast`` delivers a change that fan-out processed to every worker's ``on_broadcast``
-    handlers (modern listens live on whichever worker holds their stream). Best effort: a
-    listen stream has no replay by specification.
+    handlers (modern listens live on whichever worker holds their stream). There is no replay
+    (a listen stream has none by specification), but no silent loss either: when broadcasts to
+    this process may have been lost (on Redis, its pub/sub connection dropped), the ``on_lost``
+    callback given to ``on_broadcast`` is called once the broadcast channel is subscribed again,
+    so that every broadcast from then on arrives; the caller resynchronises its listens. A
+    backend that cannot lose a broadcast (memory) never calls it.
 
 Records
     JSON records of the built-in collections. ``write_record`` and ``delete_record`` store the
@@ -65,13 +69,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.changes import Change
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 __all__ = [
     "CLOSE_ALL",
     "Backend",
+    "BroadcastHandler",
+    "BroadcastLostHandler",
     "Frame",
     "InboxRead",
     "SessionRecord",
@@ -79,7 +88,15 @@ __all__ = [
     "StreamStart",
     "Wake",
     "WakeHandler",
+    "record_quota_message",
 ]
+
+
+def record_quota_message(settings: Settings, *, count: bool) -> str:
+    """What a write refused by the tenant's record quota is told, from either backend."""
+    if count:
+        return f"the tenant's record quota is reached: at most {settings.max_records_per_tenant} records"
+    return f"the tenant's record quota is reached: at most {settings.max_record_bytes_per_tenant} bytes of records"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +187,8 @@ class StreamStart:
 
 WakeHandler = Callable[[Wake], None]
 BroadcastHandler = Callable[[Change], None]
+#: Called when broadcasts may have been lost; the channel is live again by then.
+BroadcastLostHandler = Callable[[], None]
 
 
 class Backend(Protocol):
@@ -283,7 +302,16 @@ class Backend(Protocol):
 
     async def broadcast(self, changes: Sequence[Change]) -> None: ...
 
-    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]: ...
+    async def on_broadcast(self, handler: BroadcastHandler,
+                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+        """Call ``handler`` with every broadcast change until the returned function is awaited.
+
+        Returns once the subscription is active. ``on_lost`` is called whenever broadcasts may
+        have been missed since (a reconnect), after the subscription is active again.
+
+        Raises:
+            BackendUnavailable: the subscription could not be made active.
+        """
 
     # -- records ---------------------------------------------------------------------------
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
@@ -294,13 +322,19 @@ class Backend(Protocol):
         for a new one: the store, not the caller, knows which. With ``expect``, the write
         happens only if the stored value is exactly ``expect`` (a compare-and-set).
 
+        The tenant's quota (``max_records_per_tenant`` records, ``max_record_bytes_per_tenant``
+        bytes of values) is checked and counted in the same atomic step; a write that does not
+        grow the tenant's bytes passes even over a quota that was lowered.
+
         Raises:
             WriteConflict: ``expect`` was given and the stored value differs, or is gone.
+            LimitExceeded: the write would pass the tenant's quota (message: ``record_quota_message``).
         """
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
 
-    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool: ...
+    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+        """Delete a record and publish its change atomically, freeing its share of the tenant's quota."""
 
     async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
         """Record ids of a collection in ascending order, strictly after ``after`` ('' for the start)."""

@@ -20,6 +20,7 @@ from typing import Any
 from broker.backends.base import (
     CLOSE_ALL,
     BroadcastHandler,
+    BroadcastLostHandler,
     Frame,
     InboxRead,
     SessionRecord,
@@ -27,6 +28,7 @@ from broker.backends.base import (
     StreamStart,
     Wake,
     WakeHandler,
+    record_quota_message,
 )
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
@@ -71,6 +73,10 @@ class MemoryBackend:
         self._broadcast: list[BroadcastHandler] = []
         self._records: dict[tuple[str, str], dict[str, bytes]] = {}
         self._record_ids: dict[tuple[str, str], list[str]] = {}
+        #: Each tenant's collection names, sorted: listing them must not scan every tenant's.
+        self._collections: dict[str, list[str]] = {}
+        #: Per tenant: [records, bytes of their values], for the tenant's record quota.
+        self._record_usage: dict[str, list[int]] = {}
 
     async def start(self) -> None:
         return None
@@ -359,7 +365,9 @@ class MemoryBackend:
             for change in changes:
                 handler(change)
 
-    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]:
+    async def on_broadcast(self, handler: BroadcastHandler,
+                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+        # ``on_lost`` is never called: a broadcast in one process cannot be lost.
         self._broadcast.append(handler)
 
         async def remove() -> None:
@@ -373,14 +381,26 @@ class MemoryBackend:
                            expect: bytes | None = None) -> bool:
         key = (tenant, collection)
         records = self._records.get(key, {})
-        if expect is not None and records.get(record_id) != expect:
+        old = records.get(record_id)
+        if expect is not None and old != expect:
             raise WriteConflict(record_id)
+        created = old is None
+        usage = self._record_usage.setdefault(tenant, [0, 0])
+        grow = len(data) - (0 if old is None else len(old))
+        if created and usage[0] >= self.settings.max_records_per_tenant:
+            raise LimitExceeded(record_quota_message(self.settings, count=True))
+        if grow > 0 and usage[1] + grow > self.settings.max_record_bytes_per_tenant:
+            raise LimitExceeded(record_quota_message(self.settings, count=False))
         self._admit((change,))
+        usage[0] += created
+        usage[1] += grow
         records = self._records.setdefault(key, records)
-        created = record_id not in records
         records[record_id] = data
         if created:
-            bisect.insort(self._record_ids.setdefault(key, []), record_id)
+            ids = self._record_ids.setdefault(key, [])
+            if not ids:
+                bisect.insort(self._collections.setdefault(tenant, []), collection)
+            bisect.insort(ids, record_id)
         self._append(replace(change, kind=ChangeKind.CREATED) if created else change)
         return created
 
@@ -393,12 +413,18 @@ class MemoryBackend:
         if records is None or record_id not in records:
             return False
         self._admit((change,))
-        del records[record_id]
+        usage = self._record_usage[tenant]
+        usage[0] -= 1
+        usage[1] -= len(records.pop(record_id))
         ids = self._record_ids[key]
         del ids[bisect.bisect_left(ids, record_id)]
         if not records:
             del self._records[key]
             del self._record_ids[key]
+            names = self._collections[tenant]
+            del names[bisect.bisect_left(names, collection)]
+            if not names:
+                del self._collections[tenant]
         self._append(change)
         return True
 
@@ -408,4 +434,4 @@ class MemoryBackend:
         return ids[start : start + limit]
 
     async def list_collections(self, tenant: str) -> list[str]:
-        return sorted(coll for (t, coll) in self._records if t == tenant)
+        return list(self._collections.get(tenant, ()))

@@ -18,6 +18,7 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "MISSING_CLIENT_CAPABILITY",
+    "NOT_RUN_RESPONSE_TOO_LARGE",
     "PARSE_ERROR",
     "RESOURCE_NOT_FOUND",
     "UNSUPPORTED_PROTOCOL_VERSION",
@@ -43,6 +44,8 @@ MISSING_CLIENT_CAPABILITY: Final = -32021
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
 #: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
 SERVICE_UNAVAILABLE: Final = -31000
+#: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.
+NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
 
 Id = str | int
 
@@ -144,10 +147,18 @@ def encode_result(id_: Id | None, result: dict[str, Any]) -> bytes:
 
 
 def encode_error(id_: Id | None, error: RpcError) -> bytes:
-    """Encode an error response; the id is left out when the request's id could not be read."""
-    if id_ is None:
-        return orjson.dumps({"jsonrpc": "2.0", "error": error.to_dict()})
-    return orjson.dumps({"jsonrpc": "2.0", "id": id_, "error": error.to_dict()})
+    """Encode an error response; the id is left out when the request's id could not be read.
+
+    ``data`` may echo what the client sent; when that cannot be encoded (nested past orjson's
+    limit) the error goes without it rather than failing the answer.
+    """
+    body: dict[str, Any] = {"jsonrpc": "2.0"} if id_ is None else {"jsonrpc": "2.0", "id": id_}
+    body["error"] = error.to_dict()
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        body["error"].pop("data", None)
+        return orjson.dumps(body)
 
 
 def encode_notification(method: str, params: dict[str, Any] | None = None) -> bytes:

@@ -1,27 +1,36 @@
 """Record collections: JSON records kept in the backend, one resource per record and per collection.
 
 A write stores the record and appends its change in one backend step; the fan-out then
-notifies the record's subscribers and its collection's.
+notifies the record's subscribers and its collection's. A record is plain JSON at most
+``max_record_depth`` deep and ``max_record_bytes`` encoded, and a tenant keeps at most
+``max_records_per_tenant`` records of ``max_record_bytes_per_tenant`` bytes in all (the backend
+counts both in the step that writes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from broker.auth import Principal
 from broker.backends.base import Backend
-from broker.changes import Change, ChangeKind
+from broker.changes import Change, ChangeKind, ChangeRules
 from broker.errors import NotFound, WriteConflict
+from broker.protocol.jsonbounds import JsonRefused, check_json
 from broker.uris import SCHEME, collection_uri, parse_record_uri, record_uri
 
-__all__ = ["RecordStore", "RecordTooLarge", "RecordsProvider", "merge_patch"]
+if TYPE_CHECKING:
+    from broker.config import Settings
+
+__all__ = ["InvalidRecord", "RecordStore", "RecordTooLarge", "RecordsProvider", "merge_patch"]
 
 Json = dict[str, Any]
 #: How many record ids a collection read shows; the full listing is paged by resources/list.
@@ -37,16 +46,29 @@ class RecordTooLarge(ValueError):
     """A record larger than the configured limit."""
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
+class InvalidRecord(ValueError):
+    """A record or a patch that is not JSON the store keeps (too deep, a type JSON lacks)."""
+
+
+def merge_patch(target: Any, patch: Any, max_depth: int = 64) -> Any:
+    """RFC 7386 JSON merge patch.
+
+    Recursion follows the patch's objects only, so a patch at most ``max_depth`` deep is merged
+    without exhausting the stack, whatever the target.
+
+    Raises:
+        InvalidRecord: ``patch`` nests objects deeper than ``max_depth``.
+    """
     if not isinstance(patch, dict):
         return patch
+    if max_depth < 1:
+        raise InvalidRecord("the patch is nested too deep")
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value, max_depth - 1)
     return result
 
 
@@ -63,8 +85,11 @@ class _Turn:
 class RecordStore:
     """Reads and writes records for the REST API, the CLI and the demo."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, settings: Settings, rules: ChangeRules | None = None) -> None:
         self.backend = backend
+        self.max_bytes = settings.max_record_bytes
+        self.max_depth = settings.max_record_depth
+        self.rules = rules or ChangeRules.from_settings(settings)
         # Patches of one record queue here, so within a worker they take turns instead of
         # racing; compare-and-set only arbitrates between workers.
         self._turns: dict[tuple[str, str, str], _Turn] = {}
@@ -83,14 +108,31 @@ class RecordStore:
             if not turn.users:
                 del self._turns[key]
 
-    async def put(self, tenant: str, collection: str, record_id: str, value: Any, meta: Json | None = None) -> bool:
-        """Store ``value`` (any JSON) as the record; True when it was created."""
-        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
-        # The backend publishes it as "created" when the record is new, in the same step.
-        return await self.backend.write_record(tenant, collection, record_id, orjson.dumps(value), change)
+    def encode(self, value: Any) -> bytes:
+        """A record's stored form. Raises InvalidRecord or RecordTooLarge."""
+        try:
+            check_json(value, self.max_depth)
+            data = orjson.dumps(value)
+        except (JsonRefused, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
+            raise InvalidRecord(f"the record is not JSON the store keeps: {exc}") from exc
+        if len(data) > self.max_bytes:
+            raise RecordTooLarge(self.max_bytes)
+        return data
 
-    async def patch(self, tenant: str, collection: str, record_id: str, patch: Any, max_bytes: int,
-                    meta: Json | None = None) -> Any:
+    async def put(self, tenant: str, collection: str, record_id: str, value: Any, meta: Json | None = None) -> bool:
+        """Store ``value`` (any JSON) as the record; True when it was created.
+
+        Raises:
+            InvalidRecord: ``value`` is not plain JSON or nests deeper than ``max_record_depth``.
+            RecordTooLarge: ``value`` encodes to more than ``max_record_bytes``.
+            InvalidChange: ``meta`` breaks ``ChangeRules``.
+            LimitExceeded: the tenant's record quota (count or bytes) would be exceeded.
+        """
+        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, self.rules.meta(meta))
+        # The backend publishes it as "created" when the record is new, in the same step.
+        return await self.backend.write_record(tenant, collection, record_id, self.encode(value), change)
+
+    async def patch(self, tenant: str, collection: str, record_id: str, patch: Any, meta: Json | None = None) -> Any:
         """Apply an RFC 7386 merge patch; returns the new value.
 
         Patches of one record take turns within this worker. The write is a compare-and-set
@@ -100,10 +142,17 @@ class RecordStore:
 
         Raises:
             NotFound: the record does not exist.
-            RecordTooLarge: the patched record would exceed ``max_bytes``.
+            InvalidRecord: the patch, or the patched record, is not plain JSON within ``max_record_depth``.
+            RecordTooLarge: the patched record would exceed ``max_record_bytes``.
+            InvalidChange: ``meta`` breaks ``ChangeRules``.
+            LimitExceeded: the tenant's record quota in bytes would be exceeded.
             WriteConflict: the record kept changing for ``PATCH_PATIENCE`` seconds.
         """
-        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, meta)
+        try:
+            check_json(patch, self.max_depth)
+        except JsonRefused as exc:
+            raise InvalidRecord(f"the patch is not JSON the store keeps: {exc}") from exc
+        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, self.rules.meta(meta))
         async with self._turn((tenant, collection, record_id)):
             deadline = time.monotonic() + PATCH_PATIENCE
             ceiling = PATCH_BACKOFF[0]
@@ -111,10 +160,8 @@ class RecordStore:
                 current = await self.backend.read_record(tenant, collection, record_id)
                 if current is None:
                     raise NotFound(change.uri)
-                value = merge_patch(orjson.loads(current), patch)
-                data = orjson.dumps(value)
-                if len(data) > max_bytes:
-                    raise RecordTooLarge(max_bytes)
+                value = merge_patch(orjson.loads(current), patch, self.max_depth)
+                data = self.encode(value)
                 try:
                     await self.backend.write_record(tenant, collection, record_id, data, change, expect=current)
                     return value
@@ -132,9 +179,9 @@ class RecordStore:
         return orjson.loads(data)
 
     async def delete(self, tenant: str, collection: str, record_id: str, meta: Json | None = None) -> None:
-        """Delete the record. Raises NotFound."""
+        """Delete the record. Raises NotFound, or InvalidChange for a ``meta`` that breaks ``ChangeRules``."""
         uri = record_uri(tenant, collection, record_id)
-        change = Change(tenant, uri, ChangeKind.DELETED, meta)
+        change = Change(tenant, uri, ChangeKind.DELETED, self.rules.meta(meta))
         if not await self.backend.delete_record(tenant, collection, record_id, change):
             raise NotFound(uri)
 
@@ -161,9 +208,10 @@ class RecordsProvider:
         tenant = principal.tenant
         resume, _, after = state.partition("\x00") if state else ("", "", "")
         items: list[Json] = []
-        for name in await self.backend.list_collections(tenant):
-            if name < resume:
-                continue
+        names = await self.backend.list_collections(tenant)
+        # Resume by bisection, not by walking past every earlier name: a tenant with many
+        # collections would otherwise cost each page a pass over all of them.
+        for name in itertools.islice(names, bisect.bisect_left(names, resume), None):
             if name != resume:
                 items.append(self._collection_item(tenant, name))
                 after = ""

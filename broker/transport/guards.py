@@ -6,7 +6,14 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-__all__ = ["LOOPBACK_HOSTS", "BodyTooLarge", "HostPolicy", "OriginPolicy", "read_body"]
+__all__ = ["LOOPBACK_HOSTS", "NO_SNIFF_NO_STORE", "BodyTooLarge", "HostPolicy", "OriginPolicy", "read_body"]
+
+#: Sent with every JSON and SSE answer: a browser must not sniff an answer into another type
+#: (a record's JSON rendered as HTML), and no cache may keep one (answers are per principal).
+NO_SNIFF_NO_STORE: list[tuple[bytes, bytes]] = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"cache-control", b"no-store"),
+]
 
 #: The Host names a server bound to a loopback address answers to when no list is configured.
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
@@ -88,6 +95,9 @@ async def read_body(request: Request, limit: int) -> bytes:
 
     Raises:
         BodyTooLarge: the declared or the actual length exceeds ``limit``.
+        starlette.requests.ClientDisconnect: the client left (or its body deadline passed, see
+            ``broker.transport.wire``) before the body was complete; ``BrokerApp`` ends the
+            request without an answer or a traceback.
     """
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:

@@ -42,8 +42,8 @@ from broker.protocol.versions import (
     MODERN_VERSIONS,
     PRIMING_VERSIONS,
 )
-from broker.transport.batches import answer_batch, encode_batch
-from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
+from broker.transport.batches import answer_batch, check_batch, encode_batch
+from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -55,7 +55,9 @@ JSON = "application/json"
 
 
 def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(body, status_code=status, media_type=JSON, headers=headers)
+    response = Response(body, status_code=status, media_type=JSON, headers=headers)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
 
 
 def error_response(error: rpc.RpcError, id_: rpc.Id | None = None, headers: dict[str, str] | None = None) -> Response:
@@ -171,8 +173,10 @@ class McpEndpoint:
 
     async def post_batch(self, request: Request, principal: Principal, version_header: str | None,
                          items: list[Any]) -> Response:
-        if not items:
-            return error_response(rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: empty batch", status=400))
+        try:
+            check_batch(items, self.settings.max_batch_items)
+        except rpc.RpcError as exc:
+            return error_response(exc)
         session = await self._session(request, principal, version_header)
         if isinstance(session, Response):
             return session
@@ -188,7 +192,7 @@ class McpEndpoint:
             await self._legacy_notification(session.id, msg)
             return None
 
-        replies = await answer_batch(items, handle)
+        replies = await answer_batch(items, handle, self.settings.max_response_bytes)
         if not replies:
             return Response(status_code=202)
         return json_response(encode_batch(replies))

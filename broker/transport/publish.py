@@ -4,9 +4,11 @@ A publisher may call this thousands of times a second, so it is a plain ASGI end
 measured on this machine, FastAPI's routing, dependency solving and middleware cost more
 than the publish itself (a sync dependency even hopped to a thread for every request).
 Errors keep the REST API's shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign
-``Origin``), 405, 413, 422, 429 (the tenant has ``changelog_tenant_max`` changes not yet
-delivered) or 503 (the backend is unreachable, or the change log is full); a 429 or 503 means
-nothing of the request was acknowledged.
+``Origin``, or a record URI of another tenant), 405, 413, 422, 429 (the tenant has
+``changelog_tenant_max`` changes not yet delivered) or 503 (the backend is unreachable, or the
+change log is full). A 202 means every change of the request passed ``ChangeRules`` and is in
+the change log; one refused change refuses the request, and none of it is published (a 429 or
+503 from the change log's bounds too).
 """
 
 from __future__ import annotations
@@ -19,16 +21,12 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from broker.auth import Unauthorized, authenticate
-from broker.changes import Change, ChangeKind
+from broker.changes import Change, ChangeRules, ForeignNamespace, InvalidChange
 from broker.core import Broker
 from broker.errors import BackendUnavailable, LogFull, QuotaExceeded
-from broker.protocol.jsonrpc import RpcError
-from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
+from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
 __all__ = ["ChangesEndpoint"]
-
-_KINDS = {kind.value: kind for kind in ChangeKind}
-
 
 class Invalid(Exception):
     def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
@@ -39,7 +37,9 @@ class Invalid(Exception):
 
 
 def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    response = Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
 
 
 class ChangesEndpoint:
@@ -48,6 +48,7 @@ class ChangesEndpoint:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.origins = OriginPolicy(broker.settings.allowed_origins)
+        self.rules = ChangeRules.from_settings(broker.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -85,24 +86,19 @@ class ChangesEndpoint:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise Invalid(400, f"body is not valid JSON: {exc}") from exc
-        items = parsed if isinstance(parsed, list) else [parsed]
-        if not items:
+        if not isinstance(parsed, list):
+            return await self.broker.backend.publish_many([self.change(principal.tenant, parsed, "")])
+        if not parsed:
             raise Invalid(422, "no changes given")
-        changes = [self.change(principal.tenant, item) for item in items]
+        changes = [self.change(principal.tenant, item, f"change {i}: ") for i, item in enumerate(parsed)]
         return await self.broker.backend.publish_many(changes)
 
-    def change(self, tenant: str, item: Any) -> Change:
+    def change(self, tenant: str, item: Any, where: str) -> Change:
         if not isinstance(item, dict):
-            raise Invalid(422, "each change must be an object")
-        uri, kind, meta = item.get("uri"), item.get("kind", "updated"), item.get("meta")
-        if not isinstance(uri, str):
-            raise Invalid(422, "uri must be a string")
+            raise Invalid(422, where + "each change must be an object")
         try:
-            self.broker.methods.check_uri(uri)
-        except RpcError as exc:
-            raise Invalid(422, f"invalid uri: {exc.message}") from exc
-        if kind not in _KINDS:
-            raise Invalid(422, f"kind must be one of {sorted(_KINDS)}")
-        if meta is not None and not isinstance(meta, dict):
-            raise Invalid(422, "meta must be an object")
-        return Change(tenant, uri, _KINDS[kind], meta)
+            return self.rules.change(tenant, item.get("uri"), item.get("kind", "updated"), item.get("meta"))
+        except ForeignNamespace as exc:
+            raise Invalid(403, where + str(exc)) from exc
+        except InvalidChange as exc:
+            raise Invalid(422, where + str(exc)) from exc

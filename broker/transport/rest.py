@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 
 from broker.auth import Principal, Unauthorized, authenticate
 from broker.core import Broker
-from broker.errors import BackendUnavailable, LogFull, NotFound, QuotaExceeded, WriteConflict
-from broker.resources.records import RecordTooLarge
+from broker.errors import BackendUnavailable, LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
+from broker.resources.records import InvalidRecord, RecordTooLarge
 from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.uris import collection_uri, record_uri
 
@@ -79,9 +79,10 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             await broker.backend.ping()
         except BackendUnavailable:
             return ORJSONResponse({"status": "unavailable"}, status_code=503)
+        # Unauthenticated: this worker's open streams and listens, never a count that follows
+        # what tenants publish (the fan-out's was one).
         hub = broker.hub
-        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens),
-                               "fanout": broker.fanout.processed if broker.fanout else None})
+        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens)})
 
     @router.get("/collections")
     async def collections(caller: Caller) -> ORJSONResponse:
@@ -102,12 +103,23 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             body["next"] = page[-1]
         return ORJSONResponse(body)
 
+    def refused_write(exc: Exception) -> HTTPException:
+        """A record write the store refused, as the REST status that names why."""
+        if isinstance(exc, InvalidRecord):
+            return HTTPException(422, str(exc))
+        if isinstance(exc, RecordTooLarge):
+            return HTTPException(413, f"record larger than {settings.max_record_bytes} bytes")
+        # LimitExceeded: the tenant's quota; its message names the limit that was reached.
+        return HTTPException(507, str(exc))
+
     @router.put("/collections/{name}/{record_id}")
     async def put_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
         dot_only(name, record_id)
         value = await json_body(request, settings.max_record_bytes)
         try:
             created = await broker.records.put(caller.tenant, name, record_id, value)
+        except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
+            raise refused_write(exc) from exc
         except (QuotaExceeded, LogFull) as exc:
             raise refused(exc) from exc
         return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
@@ -118,11 +130,11 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
         dot_only(name, record_id)
         patch = await json_body(request, settings.max_record_bytes)
         try:
-            value = await broker.records.patch(caller.tenant, name, record_id, patch, settings.max_record_bytes)
+            value = await broker.records.patch(caller.tenant, name, record_id, patch)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
-        except RecordTooLarge as exc:
-            raise HTTPException(413, f"record larger than {settings.max_record_bytes} bytes") from exc
+        except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
+            raise refused_write(exc) from exc
         except WriteConflict as exc:
             raise HTTPException(409, "the record kept changing; retry the patch") from exc
         except (QuotaExceeded, LogFull) as exc:

@@ -22,7 +22,8 @@ __all__ = ["SSE_HEADERS", "SSEResponse", "SSEWriter", "encode_event"]
 
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
+    (b"cache-control", b"no-store, no-transform"),
+    (b"x-content-type-options", b"nosniff"),
     (b"x-accel-buffering", b"no"),
 ]
 

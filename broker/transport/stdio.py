@@ -44,7 +44,7 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta, has_modern_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import BATCH_VERSIONS
-from broker.transport.batches import answer_batch, encode_batch
+from broker.transport.batches import answer_batch, check_batch, encode_batch
 
 __all__ = ["StdioServer", "StdioWriter", "serve_stdio"]
 
@@ -175,11 +175,15 @@ class StdioServer:
 
     async def handle_batch(self, items: list[Any]) -> None:
         """2025-03-26 batches: legacy messages only, answered with one array."""
-        if self.session is None or self.session.protocol_version not in BATCH_VERSIONS or not items:
-            error = rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: batches are only part of 2025-03-26")
-            await self.reply(rpc.encode_error(None, error))
+        settings = self.broker.settings
+        try:
+            if self.session is None or self.session.protocol_version not in BATCH_VERSIONS:
+                raise rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: batches are only part of 2025-03-26")
+            check_batch(items, settings.max_batch_items)
+        except rpc.RpcError as exc:
+            await self.reply(rpc.encode_error(None, exc))
             return
-        replies = await answer_batch(items, self.legacy_or_unavailable)
+        replies = await answer_batch(items, self.legacy_or_unavailable, settings.max_response_bytes)
         if replies:
             await self.reply(encode_batch(replies))
 

@@ -263,7 +263,9 @@ async def test_a_changes_meta_reaches_the_listen_beside_the_subscription_id(http
     uri = "bench://meta/1"
     async with listen(http, [uri], "with-meta") as stream:
         assert (await stream.next()) is not None  # the ack
-        response = await http.post("/changes", json={"uri": uri, "meta": {"seq": 7, SUBSCRIPTION_ID: "forged"}})
+        forged = await http.post("/changes", json={"uri": uri, "meta": {"seq": 7, SUBSCRIPTION_ID: "forged"}})
+        assert forged.status_code == 422 and "reserved" in forged.json()["detail"]
+        response = await http.post("/changes", json={"uri": uri, "meta": {"seq": 7}})
         assert response.status_code == 202
         frame = await stream.next()
         assert frame is not None

@@ -70,6 +70,7 @@ from redis.exceptions import ResponseError
 from broker.backends.base import (
     CLOSE_ALL,
     BroadcastHandler,
+    BroadcastLostHandler,
     Frame,
     InboxRead,
     SessionRecord,
@@ -129,6 +130,7 @@ class RedisBackend:
         self._bus: WakeBus | None = None
         self.watchers = Watchers(self.keys, self.scripts, self._bus_or_fail, cluster=self.cluster)
         self._broadcast: list[BroadcastHandler] = []
+        self._broadcast_lost: dict[BroadcastHandler, BroadcastLostHandler] = {}
         self._broadcasting: asyncio.Task[None] | None = None
         ttl_ms = int(settings.session_ttl * 1000)
         self._ttl_ms = max(ttl_ms, 1)
@@ -202,11 +204,19 @@ class RedisBackend:
         return self._bus
 
     async def _on_reconnect(self) -> None:
+        """Every channel is subscribed again: what was published while the connection was down is
+        lost, what is published from now on arrives. Streams re-read their inboxes; listens,
+        which have none, are told broadcasts may have been lost."""
         try:
             with unavailable("epoch check"):
                 await self.refresh_epoch()
         finally:
             self.watchers.wake_all()
+            for lost in list(self._broadcast_lost.values()):
+                try:
+                    lost()
+                except Exception:  # one handler's bug must not keep the others from their resync
+                    logger.exception("broadcast-lost handler failed")
 
     # -- sessions -----------------------------------------------------------------------
     def _registry_deadline(self, now: float) -> float:
@@ -585,18 +595,24 @@ class RedisBackend:
             for change in changes:
                 handler(change)
 
-    async def on_broadcast(self, handler: BroadcastHandler) -> Callable[[], Awaitable[None]]:
+    async def on_broadcast(self, handler: BroadcastHandler,
+                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+        """``on_lost`` is called from ``_on_reconnect``, once the broadcast channel is subscribed again."""
         bus = self._bus_or_fail()
         self._broadcast.append(handler)
+        if on_lost is not None:
+            self._broadcast_lost[handler] = on_lost
         if self._broadcasting is None:
             self._broadcasting = asyncio.ensure_future(bus.subscribe(self.keys.broadcast, self._on_broadcast_message))
         try:
             await asyncio.shield(self._broadcasting)
         except BaseException:
+            self._broadcast_lost.pop(handler, None)
             await self._remove_broadcast(handler)
             raise
 
         async def remove() -> None:
+            self._broadcast_lost.pop(handler, None)
             await self._remove_broadcast(handler)
 
         return remove

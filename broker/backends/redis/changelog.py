@@ -35,13 +35,14 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from broker.backends.base import record_quota_message
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import LogFull, PublishRefused, QuotaExceeded, WriteConflict, raise_if_cancelled
+from broker.errors import LimitExceeded, LogFull, PublishRefused, QuotaExceeded, WriteConflict, raise_if_cancelled
 
 __all__ = ["ChangeLog"]
 
@@ -476,30 +477,33 @@ class ChangeLog:
         p = self.partition(tenant)
         keys = self.keys
         return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
-                keys.collections(p, tenant), keys.log(p), keys.backlog(p)]
+                keys.collections(p, tenant), keys.log(p), keys.record_usage(p, tenant), keys.backlog(p)]
 
     def _record_refused(self, tenant: str, code: int) -> None:
-        """Raise what a record script's -2 or -3 means (the change-log bounds of ``changelog_append.lua``)."""
-        if code == -2:
+        """Raise what a record script's -4 or -5 means (the change-log bounds of ``changelog_append.lua``)."""
+        if code == -4:
             raise LogFull(self.partition(tenant), self.settings.changelog_maxlen)
-        if code == -3:
+        if code == -5:
             limit = self.settings.changelog_tenant_max
             raise QuotaExceeded(tenant, limit, limit, 1)
 
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
                            expect: bytes | None = None) -> bool:
-        args: list[Any] = [record_id, data, collection, self.settings.changelog_maxlen, encode_change(change),
-                           encode_change(replace(change, kind=ChangeKind.CREATED)),
-                           self.settings.changelog_tenant_max, tenant]
+        settings = self.settings
+        args: list[Any] = [record_id, data, collection, settings.changelog_maxlen, encode_change(change),
+                           encode_change(replace(change, kind=ChangeKind.CREATED)), settings.max_records_per_tenant,
+                           settings.max_record_bytes_per_tenant, settings.changelog_tenant_max, tenant]
         if expect is not None:
             args.append(expect)
         keys = self._record_keys(tenant, collection)
         created = int(await self.scripts.record_write(keys=keys, args=args))
-        if created == -2:  # full: trim what was processed and try once more (see _append)
+        if created == -4:  # full: trim what was processed and try once more (see _append)
             await self.trim(self.partition(tenant))
             created = int(await self.scripts.record_write(keys=keys, args=args))
         if created == -1:
             raise WriteConflict(record_id)
+        if created in (-2, -3):
+            raise LimitExceeded(record_quota_message(settings, count=created == -2))
         self._record_refused(tenant, created)
         return created == 1
 
@@ -510,9 +514,9 @@ class ChangeLog:
     async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
         keys = self._record_keys(tenant, collection)
         args: list[Any] = [record_id, collection, self.settings.changelog_maxlen, encode_change(change),
-                self.settings.changelog_tenant_max, tenant]
+                           self.settings.changelog_tenant_max, tenant]
         deleted = int(await self.scripts.record_delete(keys=keys, args=args))
-        if deleted == -2:  # full: trim what was processed and try once more (see _append)
+        if deleted == -4:  # full: trim what was processed and try once more (see _append)
             await self.trim(self.partition(tenant))
             deleted = int(await self.scripts.record_delete(keys=keys, args=args))
         self._record_refused(tenant, deleted)

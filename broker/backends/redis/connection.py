@@ -9,12 +9,31 @@
 
 Every client has connect and socket timeouts, TCP keep-alive and a small retry with backoff,
 so a dead server surfaces as :class:`BackendUnavailable` within seconds rather than a hang.
+
+**A command given up on is never sent later.** When redis-py gives up on a command (a socket
+timeout, an error, a cancellation) it drops the connection before it raises. A graceful close
+would still deliver the command: asyncio flushes its write buffer first, and the kernel keeps
+retransmitting its send queue, so over a route that drops packets for a while the command ran
+seconds after the caller was answered 503, over the caller's newer acknowledged writes. Every
+TCP connection to Redis (:class:`_DiscardUnsent`, on every client built here) therefore sets
+``SO_LINGER`` to ``(on, 0)`` and is dropped by aborting its transport and waiting until the
+socket is closed: the close sends RST and the kernel frees the send queue at once, so by the
+time the error is raised the command either reached Redis's host already or never will. A
+retry goes out on a new connection, which the same rule covers. Not recalled: segments already
+on the wire (a network that holds packets back for seconds rather than dropping them delivers
+them late), and bytes Redis's host has received but Redis has not read yet (Redis frozen, or
+busy in a long script, past the socket timeout): Redis runs those when it reads again. Fencing
+every write script with a deadline checked against Redis's ``TIME`` would cover those too, but
+it trusts every worker's clock to agree with Redis's and touches every write; a reset
+connection trusts only the local kernel and costs nothing per command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +43,7 @@ from urllib.parse import unquote, urlsplit
 from redis import exceptions as rexc
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
@@ -96,6 +116,46 @@ def _credentials(netloc: str) -> dict[str, Any]:
     return creds
 
 
+#: ``struct linger`` with ``l_onoff=1, l_linger=0``: close() resets the connection and drops its send queue.
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+
+
+class _DiscardUnsent(Connection):
+    """A TCP connection to Redis whose unsent bytes die with it (see the module docstring)."""
+
+    async def _connect(self) -> None:
+        await super()._connect()  # type: ignore[no-untyped-call]
+        if self._writer is not None and (sock := self._writer.get_extra_info("socket")) is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+
+    async def disconnect(self, nowait: bool = False, error: Exception | None = None, failure_count: int | None = None,
+                         health_check_failed: bool = False) -> None:
+        if self._writer is not None:
+            self._writer.transport.abort()  # asyncio's unsent buffer is dropped, not flushed
+        # Wait for the socket to close even when redis-py would not (nowait): the caller's
+        # error, and so its 503, must come after the kernel has dropped the send queue.
+        await super().disconnect(nowait=False, error=error, failure_count=failure_count,
+                                 health_check_failed=health_check_failed)
+
+    def _close(self) -> None:  # redis-py's synchronous close, outside a task (garbage collection)
+        if self._writer is not None:
+            self._writer.transport.abort()
+        super()._close()  # type: ignore[no-untyped-call]
+
+
+_DISCARDING: dict[Any, Any] = {}
+
+
+def _discarding(connection_class: Any) -> Any:
+    """``connection_class`` (TCP, TLS, Sentinel-managed) with :class:`_DiscardUnsent` first."""
+    if not issubclass(connection_class, Connection) or issubclass(connection_class, _DiscardUnsent):
+        return connection_class  # a Unix socket: no network in between to hold bytes back
+    if connection_class not in _DISCARDING:
+        name = f"DiscardUnsent{connection_class.__name__}"
+        _DISCARDING[connection_class] = type(name, (_DiscardUnsent, connection_class), {})
+    return _DISCARDING[connection_class]
+
+
 #: How often a Sentinel client asks which server is the master, besides on every reconnect.
 SENTINEL_RECHECK = 1.0
 
@@ -118,6 +178,7 @@ class _SentinelMasterPool(SentinelConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.connection_class = _discarding(self.connection_class)
         self.followers: list[SentinelConnectionPool] = []
         self._next_check = time.monotonic() + SENTINEL_RECHECK
         #: The master the last check found (or the first connection used); redis-py's own
@@ -204,6 +265,7 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
         # waits for a free connection, where the default pool refused at once (a 503 per call).
         pool = BlockingConnectionPool.from_url(url, max_connections=settings.redis_max_connections,
                                                timeout=settings.redis_socket_timeout, **common)
+        pool.connection_class = _discarding(pool.connection_class)
         return Redis(connection_pool=pool), False
     creds = _credentials(parts.netloc)
     if scheme in ("redis+sentinel", "rediss+sentinel"):
@@ -223,6 +285,12 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
         common.pop("health_check_interval")
         client = RedisCluster(startup_nodes=nodes, ssl=scheme.startswith("rediss"),
                               max_connections=settings.redis_max_connections, **creds, **common)
+        # RedisCluster takes no connection class; every node it creates uses these kwargs (one
+        # dict, shared with its NodesManager), and the startup nodes are already built.
+        kwargs = client.get_connection_kwargs()
+        kwargs["connection_class"] = discarding = _discarding(kwargs["connection_class"])
+        for node in client.nodes_manager.startup_nodes.values():
+            node.connection_class = discarding
         return client, True
     raise ValueError(f"unsupported redis URL scheme {scheme!r}")
 

@@ -21,6 +21,7 @@ key                            type        what
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
+``P:{c:<n>}:use:<t>``          hash        the tenant's records (``n``) and their bytes (``b``), for its quota
 ``P:bcast``                    channel     changes for modern listens, every worker subscribes
 =============================  ==========  ===================================================
 
@@ -116,3 +117,7 @@ class Keys:
 
     def collections(self, partition: int, tenant: str) -> str:
         return f"{self.prefix}:{{c:{partition}}}:cols:{escape_tenant(tenant)}"
+
+    def record_usage(self, partition: int, tenant: str) -> str:
+        """The tenant's record count and bytes, kept by the scripts that write and delete records."""
+        return f"{self.prefix}:{{c:{partition}}}:use:{escape_tenant(tenant)}"

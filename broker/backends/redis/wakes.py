@@ -6,8 +6,15 @@ subscription counts as active only once Redis confirms it, so ``subscribe`` retu
 "every message published from now on reaches this process" (the replay -> live handoff).
 
 The reader task reconnects with backoff after any failure, re-subscribes every channel and
-then calls ``on_reconnect``: messages published during the outage are lost on pub/sub, so the
-backend wakes every stream to re-read its inbox.
+then calls ``on_reconnect`` once Redis has confirmed every one of them: messages published
+during the outage are lost on pub/sub, so the backend wakes every stream to re-read its inbox
+and tells the broadcast's handlers (listens get the gap rule). Nothing published after that
+call is missed.
+
+A connection that dies without an error (a partition that drops packets) is noticed only when
+traffic flows again: messages Redis sent meanwhile arrive late but in order, and a connection
+Redis closed meanwhile fails at the next read or health-check PING, which is a reconnect like
+any other. The Hub ends every stream after ``outage_grace`` of such silence anyway.
 """
 
 from __future__ import annotations

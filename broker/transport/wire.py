@@ -1,0 +1,244 @@
+"""Bounds on the wire: uvicorn's httptools protocol with a header size limit, read deadlines and a connection cap.
+
+The broker's processes face clients directly (``serve``, ``serve --workers N``, the image), and
+uvicorn's HTTP/1.1 protocol bounds none of what a client sends before the app sees a request:
+a header line may grow without end (httptools keeps concatenating it), a head or a body may
+arrive a byte at a time or never finish, a connection that sends nothing is kept forever, and
+connections are accepted until ``accept()`` fails for want of descriptors. This subclass keeps
+uvicorn's parsing and request cycle and adds, per connection:
+
+* **header bytes**: a request head larger than ``max_header_bytes`` is answered 431 and the
+  connection closed. Bytes are counted per read while a head is incomplete (no work per header);
+  a head that completes inside one large read is measured exactly, and only then.
+* **head deadline**: from the connection's start, or from the first byte of a later request on
+  a kept-alive connection, the complete head must arrive within ``header_timeout``; else 408
+  (or, if nothing at all was sent, a plain close). Between requests uvicorn's keep-alive
+  timeout applies as before.
+* **body deadline**: once the head is in, the body must be complete within ``body_timeout``
+  (an endless chunked body or a Content-Length never reached); else 408 and close, and the
+  app reading it sees the client leave.
+* **connection cap**: a worker holding ``max_connections`` answers a new connection 503 at once
+  and closes it, before reading anything, so it never runs out of descriptors for the ones it
+  serves, for Redis or for ``accept()``.
+
+Timers are armed only when a read leaves a head or body incomplete: a request that arrives in
+one read (nearly all of them) starts and cancels none, and an open stream holds none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from broker.config import Settings
+
+__all__ = ["WireLimits", "WireProtocol", "connection_cap", "protocol_factory"]
+
+logger = logging.getLogger(__name__)
+
+# What a connection is waiting for. IDLE: a request was read in full; the app has it and the
+# keep-alive timeout (uvicorn's) covers the wait for the next one.
+_IDLE, _HEAD, _BODY = 0, 1, 2
+
+#: Descriptors kept free beside the connections when the cap is derived from the limit: Redis
+#: pools, pub/sub, the listening socket, the event loop's own, log files.
+_RESERVED_DESCRIPTORS = 128
+_REFUSAL_LOG_INTERVAL = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WireLimits:
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WireLimits:
+        return cls(settings.max_header_bytes, settings.header_timeout, settings.body_timeout,
+                   settings.max_connections or connection_cap(settings.redis_max_connections))
+
+
+def connection_cap(redis_max_connections: int) -> int:
+    """Connections per worker that leave descriptors to spare under this process's ``RLIMIT_NOFILE``.
+
+    A tenth of the limit, and at least the Redis pool plus a margin, stays free; never less
+    than half the limit.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    reserve = max(soft // 10, redis_max_connections + _RESERVED_DESCRIPTORS)
+    return max(soft - reserve, soft // 2)
+
+
+def protocol_factory(limits: WireLimits) -> Any:
+    """What ``uvicorn.Config(http=...)`` takes: uvicorn calls it as it would the protocol class.
+
+    A ``partial`` rather than a class built here: ``--workers`` pickles the config to spawned
+    processes, and the partial carries the limits with it.
+    """
+    return functools.partial(WireProtocol, limits=limits)
+
+
+def _answer(status: int, detail: str, *extra: bytes) -> bytes:
+    body = orjson.dumps({"detail": detail})
+    return b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
+                     b"content-length: %d\r\n" % len(body), b"x-content-type-options: nosniff\r\n",
+                     b"cache-control: no-store\r\n", *extra, b"connection: close\r\n\r\n", body])
+
+
+_TOO_LARGE = _answer(431, "Request header fields too large")
+_TIMEOUT = _answer(408, "Request not received in time")
+_BUSY = _answer(503, "Too many connections; retry later", b"retry-after: 1\r\n")
+
+
+class _Answered(Exception):
+    """Raised from a parser callback to stop parsing: the connection was answered and is closing."""
+
+
+class _Refusals:
+    """Counts connections refused at the cap; logs a warning at most once a minute."""
+
+    count = 0
+    logged_at = -_REFUSAL_LOG_INTERVAL
+
+    @classmethod
+    def add(cls, cap: int) -> None:
+        cls.count += 1
+        now = time.monotonic()
+        if now - cls.logged_at >= _REFUSAL_LOG_INTERVAL:
+            logger.warning("refused %d connection(s) with 503: this worker holds %d, its limit (see "
+                           "MCP_BROKER_MAX_CONNECTIONS)", cls.count, cap)
+            cls.count, cls.logged_at = 0, now
+
+
+class WireProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds of ``WireLimits``."""
+
+    # Slots: uvicorn's protocol already keeps 28 attributes in its __dict__, and five more there
+    # made every connection's dict a larger, unshared one (1.3 KB more per idle stream).
+    __slots__ = ("_head_bytes", "_phase", "_timer", "_timer_phase", "limits")
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: WireLimits) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits = limits
+        self._phase = _HEAD  # a new connection owes a request head
+        self._head_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_phase = _IDLE
+
+    # -- connection ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            # Refused before it is counted or read: one write and the descriptor is given back.
+            self.transport = transport
+            transport.write(_BUSY)
+            transport.close()
+            _Refusals.add(self.limits.max_connections)
+            return
+        super().connection_made(transport)
+        self._arm(_HEAD)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arm(_IDLE)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's data_received, plus the accounting; a callback that answered stops the parser.
+        self._unset_keepalive_if_required()
+        if self._phase != _BODY:
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Answered):
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        phase = self._phase
+        if phase == _HEAD and self._head_bytes > self.limits.max_header_bytes:
+            self._answer_and_close(_TOO_LARGE)
+        elif phase != self._timer_phase:
+            self._arm(phase)
+
+    # -- parser callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._phase = _HEAD
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        limit = self.limits.max_header_bytes
+        if self._head_bytes > limit and _head_size(self.url, self.headers) > limit:
+            self._answer_and_close(_TOO_LARGE)
+            raise _Answered
+        self._head_bytes = 0
+        self._phase = _BODY
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        super().on_message_complete()
+
+    # -- deadlines ---------------------------------------------------------------------------
+    def _arm(self, phase: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_phase = phase
+        if phase == _HEAD:
+            self._timer = self.loop.call_later(self.limits.header_timeout, self._timed_out)
+        elif phase == _BODY:
+            self._timer = self.loop.call_later(self.limits.body_timeout, self._timed_out)
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._timer_phase == _HEAD and self._head_bytes == 0:
+            self.transport.close()  # connected and sent nothing: nothing to answer
+            return
+        logger.debug("closing a connection from %s: request %s not received in time", self.client,
+                     "head" if self._timer_phase == _HEAD else "body")
+        self._answer_and_close(_TIMEOUT)
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Answer ``answer`` unless a response is already under way, then close.
+
+        The request being read (or one waiting for its response) sees the client leave, so its
+        app code ends and nothing else is written on this connection.
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.write(answer)
+        elif not cycle.response_started:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self.transport.write(answer)
+        self._arm(_IDLE)
+        self._phase = _IDLE
+        self.transport.close()
+
+
+def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    return len(url) + sum(len(name) + len(value) + 4 for name, value in headers)

@@ -1,0 +1,246 @@
+"""Limits on the wire: what a client sends before the app sees a request is bounded in bytes and time,
+and a worker refuses connections beyond its cap quickly instead of running out of descriptors.
+
+Raw sockets against real ``mcp-broker serve`` processes. Every wait has a deadline that a stalled
+server would miss; none asserts how fast a healthy one is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import select
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import BIN, BrokerProcess, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+# Far beyond every deadline under test, short enough that a held connection fails the test.
+ANSWER_WITHIN = 15.0
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout: float = ANSWER_WITHIN) -> bytes:
+    """Everything the server sends until it closes the connection; fails if it keeps it open."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"connection still open after {timeout} s; received {data[:200]!r}")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        except TimeoutError as exc:
+            raise AssertionError(f"connection still open after {timeout} s; received {data[:200]!r}") from exc
+        if not chunk:
+            return data
+        data += chunk
+
+
+def trickle_until_closed(sock: socket.socket, pieces: Iterator[bytes], every: float = 0.2) -> bytes:
+    """Send one piece every ``every`` seconds, as a slow client would, until the server closes."""
+    data = b""
+    deadline = time.monotonic() + ANSWER_WITHIN
+    for piece in pieces:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"connection still open after {ANSWER_WITHIN} s; received {data[:200]!r}")
+        try:
+            sock.sendall(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            return data
+        readable, _, _ = select.select([sock], [], [], every)
+        if readable:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return data
+            if not chunk:
+                return data
+            data += chunk
+            with contextlib.suppress(AssertionError):
+                return data + read_until_closed(sock, timeout=2)
+    raise AssertionError("ran out of pieces")
+
+
+def forever(piece: bytes) -> Iterator[bytes]:
+    while True:
+        yield piece
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length, read to its end; the connection stays open."""
+    sock.settimeout(ANSWER_WITHIN)
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + content_length(data):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed in the middle of a response: {data[:200]!r}"
+        data += chunk
+    return data
+
+
+def content_length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def get(port: int, path: str = "/healthz", extra: bytes = b"") -> bytes:
+    with connect(port) as sock:
+        sock.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                     + extra + b"\r\n")
+        return read_until_closed(sock)
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[BrokerProcess]:
+    """Default size limits; head and body deadlines of a second, so a test sees them pass."""
+    with BrokerProcess(env={"MCP_BROKER_HEADER_TIMEOUT": "1", "MCP_BROKER_BODY_TIMEOUT": "1"}) as proc:
+        yield proc
+
+
+# -- header bytes ----------------------------------------------------------------------------------
+def test_an_unfinished_100_kb_header_is_answered_431_and_closed(broker: BrokerProcess) -> None:
+    with connect(broker.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000)
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_a_complete_100_kb_head_is_answered_431_too(broker: BrokerProcess) -> None:
+    answer = get(broker.port, extra=b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 1000) for i in range(100)))
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"x-content-type-options: nosniff" in answer.lower()
+
+
+def test_a_head_of_some_kilobytes_is_served(broker: BrokerProcess) -> None:
+    """Real clients' tokens and cookies fit: 16 KB of headers is served as usual."""
+    answer = get(broker.port, extra=b"Cookie: " + b"c" * 16_000 + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+# -- head deadline ---------------------------------------------------------------------------------
+def test_a_slowloris_head_is_closed_after_the_header_timeout(broker: BrokerProcess) -> None:
+    with connect(broker.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        answer = trickle_until_closed(sock, forever(b"X"))
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(broker: BrokerProcess) -> None:
+    with connect(broker.port) as sock:
+        assert read_until_closed(sock) == b""
+
+
+def test_a_kept_alive_connection_serves_its_next_request_after_a_pause(broker: BrokerProcess) -> None:
+    """The head deadline runs from a request's first byte, not from the connection's start."""
+    with connect(broker.port) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+            # Longer than the head deadline, shorter than uvicorn's keep-alive timeout (5 s).
+            readable, _, _ = select.select([sock], [], [], 2.0)
+            assert not readable, "the server closed a kept-alive connection before its keep-alive timeout"
+
+
+# -- body deadline ---------------------------------------------------------------------------------
+POSTS = {
+    "/changes": b"POST /changes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
+    "/mcp": (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Accept: application/json, text/event-stream\r\n"),
+    "/collections/c/r": b"PUT /collections/c/r HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
+}
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_an_endless_chunked_body_is_answered_408_after_the_body_timeout(broker: BrokerProcess, path: str) -> None:
+    with connect(broker.port) as sock:
+        sock.sendall(POSTS[path] + b"Transfer-Encoding: chunked\r\n\r\n")
+        answer = trickle_until_closed(sock, forever(b"1\r\n \r\n"))
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_a_body_shorter_than_its_content_length_is_answered_408(broker: BrokerProcess, path: str) -> None:
+    with connect(broker.port) as sock:
+        sock.sendall(POSTS[path] + b"Content-Length: 100\r\n\r\n{\"uri\": ")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+def test_a_body_that_arrives_in_time_is_served(broker: BrokerProcess) -> None:
+    body = b'{"uri": "https://example.com/slow"}'
+    with connect(broker.port) as sock:
+        sock.sendall(POSTS["/changes"] + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+        for i in range(0, len(body), 12):
+            sock.sendall(body[i:i + 12])
+            time.sleep(0.1)  # a slow client, well within the deadline
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 202 "), answer[:200]
+
+
+# -- connections -------------------------------------------------------------------------------------
+def refused(port: int) -> bool:
+    """A new connection is answered 503 and closed without sending anything."""
+    with connect(port) as sock:
+        answer = read_until_closed(sock, timeout=5)
+    return answer.startswith(b"HTTP/1.1 503 ")
+
+
+def test_connections_beyond_the_cap_are_refused_while_one_within_it_is_served() -> None:
+    env = {"MCP_BROKER_MAX_CONNECTIONS": "3", "MCP_BROKER_HEADER_TIMEOUT": "60"}
+    with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
+        idle = [stack.enter_context(connect(broker.port)) for _ in range(3)]
+        wait_until(lambda: refused(broker.port), what="a connection beyond the cap to be refused")
+        assert refused(broker.port)
+        idle.pop().close()
+        wait_until(lambda: get(broker.port).startswith(b"HTTP/1.1 200 "), what="a client within the cap served")
+
+
+@contextlib.contextmanager
+def descriptor_limit(soft: int) -> Iterator[None]:
+    """Processes started inside inherit this soft RLIMIT_NOFILE."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves_again_later() -> None:
+    """With 256 descriptors and no cap set, 300 idle connections exhaust a server that accepts them all."""
+    with descriptor_limit(256):
+        broker = BrokerProcess(env={"MCP_BROKER_HEADER_TIMEOUT": "60"})
+    with broker, contextlib.ExitStack() as stack:
+        held = [stack.enter_context(connect(broker.port)) for _ in range(300)]
+        assert refused(broker.port)
+        for sock in held:
+            sock.close()
+        wait_until(lambda: get(broker.port).startswith(b"HTTP/1.1 200 "), what="a client served again")
+
+
+@pytest.mark.parametrize("setting", ["MCP_BROKER_HEADER_TIMEOUT=0", "MCP_BROKER_MAX_HEADER_BYTES=many",
+                                     "MCP_BROKER_MAX_CONNECTIONS=-1"])
+def test_a_bad_wire_setting_stops_serve_with_one_line_naming_it(setting: str) -> None:
+    name, _, value = setting.partition("=")
+    done = subprocess.run([str(BIN), "serve", "--port", str(free_port())], env={**os.environ, name: value},
+                          capture_output=True, timeout=30)
+    assert done.returncode == 2
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], lines
