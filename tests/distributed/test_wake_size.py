@@ -28,6 +28,7 @@ async def test_a_large_change_watched_by_many_streams_keeps_the_pubsub_connectio
     # scaled down here with the frames, so the test stays small.
     with RedisProcess(extra=["--client-output-buffer-limit", "pubsub 512kb 256kb 0"]) as server, \
          BrokerProcess(env={"MCP_BROKER_REDIS_URL": server.url, "MCP_BROKER_REDIS_PREFIX": f"t{secrets.token_hex(4)}",
+                            "MCP_BROKER_MAX_META_BYTES": "65536",  # an operator allowing large meta
                             "MCP_BROKER_WAKE_FRAME_MAX_BYTES": "8192",
                             "MCP_BROKER_WAKE_MESSAGE_MAX_BYTES": "65536"}) as worker:
         limits = httpx.Limits(max_connections=STREAMS + 10)
