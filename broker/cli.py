@@ -107,6 +107,13 @@ def _publish(args: argparse.Namespace) -> int:
     from broker.changes import ChangeKind, InvalidChange
     from broker.config import Settings
     from broker.core import Broker
+    from broker.errors import PublishRefused
+    from broker.tenants import tenant_problem
+
+    problem = tenant_problem(args.tenant) if args.tenant is not None else None
+    if problem:
+        print(f"mcp-broker publish: {problem}", file=sys.stderr)
+        return 2
 
     try:
         meta = orjson.loads(args.meta) if args.meta is not None else None
@@ -127,7 +134,27 @@ def _publish(args: argparse.Namespace) -> int:
     except InvalidChange as exc:
         print(f"mcp-broker publish: {exc}", file=sys.stderr)
         return 2
+    except PublishRefused as exc:
+        # Not acknowledged: nothing was appended. EX_TEMPFAIL: try again later.
+        print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
+        return 75
     return 0
+
+
+def _settings_problem() -> str | None:
+    """One line naming what is wrong with the ``MCP_BROKER_*`` settings, or None."""
+    from pydantic import ValidationError
+
+    from broker.config import Settings
+
+    try:
+        Settings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
+        message = str(error["msg"]).removeprefix("Value error, ")
+        return message if message.startswith("MCP_BROKER_") else f"{name}: {message}"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args: Any = build_parser().parse_args(argv)
+    problem = _settings_problem()
+    if problem:
+        print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
+        return 2
     if args.command == "serve" and args.workers > 1 and not os.environ.get("MCP_BROKER_REDIS_URL"):
         print("--workers > 1 needs MCP_BROKER_REDIS_URL: the memory backend lives in one process", file=sys.stderr)
         return 2

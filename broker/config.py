@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from broker.tenants import tenant_problem
 
 __all__ = ["Settings"]
 
@@ -139,10 +141,26 @@ class Settings(BaseSettings):
     # -- change log and fan-out ----------------------------------------------------------------
     #: Run fan-out inside this process (the default); turn off when ``mcp-broker fanout`` runs it.
     embedded_fanout: bool = True
-    changelog_maxlen: int = 100_000
+    #: Changes one partition of the change log may hold that fan-out has not processed yet;
+    #: a publish beyond it is refused with 503 before it is acknowledged (nothing unread is
+    #: ever trimmed). Processed changes are trimmed as fan-out acknowledges them.
+    changelog_maxlen: int = Field(default=100_000, ge=1)
     changelog_partitions: int = 1
     fanout_batch: int = 256
     fanout_claim_idle_ms: int = 5000
+
+    # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
+    #: Changes one tenant may have in the change log that fan-out has not processed yet; a
+    #: publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
+    #: can fill neither the log nor another tenant's share of it.
+    changelog_tenant_max: int = Field(default=10_000, ge=1)
+    #: Bytes of one wake-up message to a worker (Redis pub/sub, single node): a fan-out batch's
+    #: wake-ups for one worker are split into messages of at most this size, far below Redis's
+    #: pub/sub output buffer limit (32 MB by default), which would drop the worker's connection.
+    wake_message_max_bytes: int = Field(default=262_144, ge=1024)
+    #: A session's frames larger than this are not carried in its wake-up: the stream reads
+    #: them from its inbox instead.
+    wake_frame_max_bytes: int = Field(default=65_536, ge=0)
 
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = (50_000, 50, 100)
@@ -150,3 +168,20 @@ class Settings(BaseSettings):
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = 3.0
+
+    @field_validator("default_tenant")
+    @classmethod
+    def _valid_default_tenant(cls, value: str) -> str:
+        problem = tenant_problem(value)
+        if problem:
+            raise ValueError(f"MCP_BROKER_DEFAULT_TENANT: {problem}")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _valid_key_bindings(cls, value: dict[str, str]) -> dict[str, str]:
+        for binding in value.values():
+            problem = tenant_problem(binding.partition("/")[0])
+            if problem:
+                raise ValueError(f'MCP_BROKER_API_KEYS: {problem}; write {{"<key>": "<tenant>/<subject>"}}')
+        return value

@@ -85,6 +85,10 @@ class Broker:
         Raises:
             InvalidChange: the change breaks ``ChangeRules`` (a URI or ``meta`` that could not be
                 delivered, a record URI of another tenant, a tenant name that is not one).
+            QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out
+                (the change was refused; publish again later).
+            LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet
+                fanned out (refused; publish again later).
             BackendUnavailable: the change could not be stored (it was not accepted).
         """
         tenant = self.settings.default_tenant if tenant is None else tenant

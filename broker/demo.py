@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from broker.errors import BackendUnavailable, raise_if_cancelled
+from broker.errors import BackendUnavailable, PublishRefused, raise_if_cancelled
 from broker.resources.static import StaticProvider, StaticResource, Template
 from broker.uris import record_uri
 
@@ -60,4 +60,6 @@ async def run_demo(broker: Broker) -> None:
         except BackendUnavailable:
             raise_if_cancelled()
             logger.warning("demo: backend unavailable")
+        except PublishRefused as exc:  # the change log is full: the next tick tries again
+            logger.warning("demo: %s", exc)
         await asyncio.sleep(broker.settings.demo_interval)

@@ -8,7 +8,10 @@ __all__ = [
     "BackendUnavailable",
     "BrokerError",
     "LimitExceeded",
+    "LogFull",
     "NotFound",
+    "PublishRefused",
+    "QuotaExceeded",
     "SessionNotFound",
     "WriteConflict",
     "raise_if_cancelled",
@@ -50,3 +53,38 @@ class LimitExceeded(BrokerError):
 
 class WriteConflict(BrokerError):
     """A conditional write found another value than the one it was based on."""
+
+
+class PublishRefused(BrokerError):
+    """A change was refused before it was acknowledged because the change log could not keep it.
+
+    Nothing of the refused call was appended. ``retry_after`` is a hint in seconds: the bound
+    frees up as fan-out works through the log.
+    """
+
+    retry_after = 1
+
+
+class QuotaExceeded(PublishRefused):
+    """The tenant already has ``limit`` changes not yet fanned out (``changelog_tenant_max``)."""
+
+    def __init__(self, tenant: str, limit: int, pending: int, asked: int) -> None:
+        self.tenant = tenant
+        self.limit = limit
+        self.pending = pending
+        self.asked = asked
+        if asked > limit:
+            message = f"{asked} changes at once are more than tenant {tenant!r} may have waiting ({limit})"
+        else:
+            message = (f"tenant {tenant!r} has {pending} changes not yet delivered (at most {limit}); "
+                       f"{asked} more refused")
+        super().__init__(message)
+
+
+class LogFull(PublishRefused):
+    """The tenant's change-log partition holds ``limit`` changes not yet fanned out (``changelog_maxlen``)."""
+
+    def __init__(self, partition: int, limit: int) -> None:
+        self.partition = partition
+        self.limit = limit
+        super().__init__(f"the change log is full ({limit} changes not yet delivered); publish again later")

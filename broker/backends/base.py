@@ -33,7 +33,11 @@ Inboxes
     retained, or an offset beyond the newest frame (data that was lost).
 
 Change log
-    ``publish`` appends a change durably and returns its id. ``read_changes`` hands each
+    ``publish`` appends a change durably and returns its id, or refuses it before appending
+    anything: ``QuotaExceeded`` when its tenant has ``changelog_tenant_max`` changes not yet
+    fanned out, ``LogFull`` when its partition holds ``changelog_maxlen``; the check, the
+    append and the count are one atomic step. A change leaves the log only once it is
+    acknowledged: nothing unread or pending is ever dropped to make room. ``read_changes`` hands each
     change to exactly one consumer of the fan-out group; it stays pending until ``ack_changes``.
     Each partition of the log is read by one consumer at a time, the holder of its lease
     (renewed by every read, lapsing ``fanout_claim_idle_ms`` after the last), so changes are
@@ -270,17 +274,27 @@ class Backend(Protocol):
         its claim (``claim_stream``) and then the first read of its inbox (``read_inbox``)."""
 
     # -- change log and fan-out ------------------------------------------------------------
-    async def publish(self, change: Change) -> str: ...
+    async def publish(self, change: Change) -> str:
+        """Append a change; its id.
+
+        Raises:
+            QuotaExceeded, LogFull: refused, nothing appended (see the module docstring).
+        """
 
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
         """Append the changes in as few steps as the backend can; their ids, in order.
 
-        The changes of one tenant are appended in the order given.
+        The changes of one tenant are appended in the order given, all or none of them.
+
+        Raises:
+            QuotaExceeded, LogFull: the changes of a partition were refused whole; with several
+                partitions (several tenants), those of the others may have been appended.
         """
 
     async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]: ...
 
-    async def ack_changes(self, ids: Sequence[str]) -> None: ...
+    async def ack_changes(self, ids: Sequence[str]) -> None:
+        """Mark changes processed: they leave their tenant's count and may be trimmed from the log."""
 
     async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]: ...
 

@@ -32,7 +32,7 @@ from broker.backends.base import (
 )
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import LimitExceeded, WriteConflict
+from broker.errors import LimitExceeded, LogFull, QuotaExceeded, WriteConflict
 
 __all__ = ["MemoryBackend"]
 
@@ -65,6 +65,8 @@ class MemoryBackend:
         self._log_seq = 0
         self._log: deque[tuple[str, Change]] = deque()
         self._pending: dict[str, tuple[str, float, Change]] = {}
+        #: Per tenant, changes in the log or pending: not yet fanned out (``changelog_tenant_max``).
+        self._backlog: dict[str, int] = {}
         #: The consumer that reads the log now, and until when (see ``_hold``).
         self._holder: tuple[str, float] | None = None
         self._log_ready = asyncio.Event()
@@ -260,17 +262,39 @@ class MemoryBackend:
         return StreamStart(subscriptions, claim, await self.read_inbox(session_id, epoch, after, limit))
 
     # -- change log and fan-out ------------------------------------------------------------
-    async def publish(self, change: Change) -> str:
+    def _admit(self, changes: Sequence[Change]) -> None:
+        """Refuse, before anything is appended, what the log cannot keep (as ``changelog_append.lua``).
+
+        Nothing fan-out has not processed is ever dropped: the log holds unread and pending
+        changes only, each counted under its tenant until it is acknowledged.
+        """
+        held = len(self._log) + len(self._pending)
+        if held + len(changes) > self.settings.changelog_maxlen:
+            raise LogFull(0, self.settings.changelog_maxlen)
+        asked: dict[str, int] = {}
+        for change in changes:
+            asked[change.tenant] = asked.get(change.tenant, 0) + 1
+        limit = self.settings.changelog_tenant_max
+        for tenant, count in asked.items():
+            waiting = self._backlog.get(tenant, 0)
+            if waiting + count > limit:
+                raise QuotaExceeded(tenant, limit, waiting, count)
+
+    def _append(self, change: Change) -> str:
         self._log_seq += 1
         change_id = f"{self._log_seq}-0"
         self._log.append((change_id, change))
-        while len(self._log) > self.settings.changelog_maxlen:
-            self._log.popleft()
+        self._backlog[change.tenant] = self._backlog.get(change.tenant, 0) + 1
         self._log_ready.set()
         return change_id
 
+    async def publish(self, change: Change) -> str:
+        self._admit((change,))
+        return self._append(change)
+
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
-        return [await self.publish(change) for change in changes]
+        self._admit(changes)
+        return [self._append(change) for change in changes]
 
     def _hold(self, consumer: str) -> bool:
         """The log's lease, as on Redis: one consumer reads at a time, so changes keep their order."""
@@ -310,7 +334,14 @@ class MemoryBackend:
 
     async def ack_changes(self, ids: Sequence[str]) -> None:
         for change_id in ids:
-            self._pending.pop(change_id, None)
+            pending = self._pending.pop(change_id, None)
+            if pending is not None:
+                tenant = pending[2].tenant
+                left = self._backlog[tenant] - 1
+                if left:
+                    self._backlog[tenant] = left
+                else:
+                    del self._backlog[tenant]
 
     async def release_changes(self, consumer: str) -> None:
         if self._holder is not None and self._holder[0] == consumer:
@@ -360,6 +391,7 @@ class MemoryBackend:
             raise LimitExceeded(record_quota_message(self.settings, count=True))
         if grow > 0 and usage[1] + grow > self.settings.max_record_bytes_per_tenant:
             raise LimitExceeded(record_quota_message(self.settings, count=False))
+        self._admit((change,))
         usage[0] += created
         usage[1] += grow
         records = self._records.setdefault(key, records)
@@ -369,7 +401,7 @@ class MemoryBackend:
             if not ids:
                 bisect.insort(self._collections.setdefault(tenant, []), collection)
             bisect.insort(ids, record_id)
-        await self.publish(replace(change, kind=ChangeKind.CREATED) if created else change)
+        self._append(replace(change, kind=ChangeKind.CREATED) if created else change)
         return created
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
@@ -380,6 +412,7 @@ class MemoryBackend:
         records = self._records.get(key)
         if records is None or record_id not in records:
             return False
+        self._admit((change,))
         usage = self._record_usage[tenant]
         usage[0] -= 1
         usage[1] -= len(records.pop(record_id))
@@ -392,7 +425,7 @@ class MemoryBackend:
             del names[bisect.bisect_left(names, collection)]
             if not names:
                 del self._collections[tenant]
-        await self.publish(change)
+        self._append(change)
         return True
 
     async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:

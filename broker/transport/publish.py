@@ -4,9 +4,11 @@ A publisher may call this thousands of times a second, so it is a plain ASGI end
 measured on this machine, FastAPI's routing, dependency solving and middleware cost more
 than the publish itself (a sync dependency even hopped to a thread for every request).
 Errors keep the REST API's shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign
-``Origin``, or a record URI of another tenant), 405, 413, 422 or 503. A 202 means every change
-of the request passed ``ChangeRules`` and is in the change log; one refused change refuses the
-request, and none of it is published.
+``Origin``, or a record URI of another tenant), 405, 413, 422, 429 (the tenant has
+``changelog_tenant_max`` changes not yet delivered) or 503 (the backend is unreachable, or the
+change log is full). A 202 means every change of the request passed ``ChangeRules`` and is in
+the change log; one refused change refuses the request, and none of it is published (a 429 or
+503 from the change log's bounds too).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from broker.auth import Unauthorized, authenticate
 from broker.changes import Change, ChangeRules, ForeignNamespace, InvalidChange
 from broker.core import Broker
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, LogFull, QuotaExceeded
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
 __all__ = ["ChangesEndpoint"]
@@ -62,6 +64,12 @@ class ChangesEndpoint:
                 response = _json({"detail": exc.detail}, exc.status, exc.headers)
             except BackendUnavailable:
                 response = _json({"detail": "backend unavailable"}, 503, {"Retry-After": "1"})
+            except QuotaExceeded as exc:
+                # More changes in one request than the tenant may ever have waiting: retrying cannot help.
+                status = 413 if exc.asked > exc.limit else 429
+                response = _json({"detail": str(exc)}, status, {"Retry-After": str(exc.retry_after)})
+            except LogFull as exc:
+                response = _json({"detail": str(exc)}, 503, {"Retry-After": str(exc.retry_after)})
         await response(scope, receive, send)
 
     async def publish(self, request: Request) -> list[str]:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 
 from broker.auth import Principal, Unauthorized, authenticate
 from broker.core import Broker
-from broker.errors import BackendUnavailable, LimitExceeded, NotFound, WriteConflict
+from broker.errors import BackendUnavailable, LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
 from broker.resources.records import InvalidRecord, RecordTooLarge
 from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
 from broker.uris import collection_uri, record_uri
@@ -63,6 +63,11 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             return orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
+
+    def refused(exc: QuotaExceeded | LogFull) -> HTTPException:
+        # The write was refused whole (record and change): nothing was stored.
+        return HTTPException(429 if isinstance(exc, QuotaExceeded) else 503, str(exc),
+                             headers={"Retry-After": str(exc.retry_after)})
 
     def dot_only(*names: str) -> None:
         if any(name.strip(".") == "" for name in names):
@@ -115,6 +120,8 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             created = await broker.records.put(caller.tenant, name, record_id, value)
         except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
             raise refused_write(exc) from exc
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
                               status_code=201 if created else 200)
 
@@ -130,6 +137,8 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             raise refused_write(exc) from exc
         except WriteConflict as exc:
             raise HTTPException(409, "the record kept changing; retry the patch") from exc
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return ORJSONResponse(value)
 
     @router.get("/collections/{name}/{record_id}")
@@ -147,6 +156,8 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
             await broker.records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
+        except (QuotaExceeded, LogFull) as exc:
+            raise refused(exc) from exc
         return Response(status_code=204)
 
     return router

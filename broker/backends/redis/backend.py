@@ -39,6 +39,11 @@ Index and tenant sets
     retry repairs them; fan-out removes index entries of sessions that are gone. Expired
     sessions are swept by ``expire_sessions`` through ``P:registry``; their subscription set
     outlives the record by ``session_index_grace`` so the sweep can still clean the index.
+    Correctness does not hang on that sweep keeping up: every index set and tenant set has
+    its own expiry, refreshed when a session subscribes and whenever a member session's
+    touch is due (every ttl/4, when its registry deadline moves), to 1.25 ttl plus the grace.
+    A set whose sessions all died expires by itself; one with live members loses its dead
+    ones to fan-out (index) or to the next due touch (tenant set, by deadline).
 
 Measured (loopback redis-server 7.0.15, 2 vCPU shared with the client, redis-py 8.1 + hiredis,
 asyncio loop; 10,000 frames of 110 bytes, ``append_frames`` in batches, then ``read_inbox`` 256 at
@@ -76,16 +81,17 @@ from broker.backends.base import (
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
 from broker.backends.redis.codec import (
+    NodeWake,
     as_text,
     decode_changes,
     decode_entry,
     decode_session,
     encode_changes,
     encode_frame,
-    encode_node_wakes,
     encode_session,
     encode_session_fields,
     entry_offset,
+    split_node_wakes,
 )
 from broker.backends.redis.connection import ClientFactory, open_clients, unavailable
 from broker.backends.redis.keys import Keys
@@ -117,6 +123,8 @@ class RedisBackend:
         self.scripts = Scripts(self.redis)
         self.changelog = ChangeLog(settings, self.redis, self.keys, self.scripts, cluster=self.cluster)
         self.epoch = ""
+        #: Times this process found the store's data lost (a new epoch); see ``_data_lost``.
+        self.data_losses = 0
         self.sharded = True
         self.publish_command = "SPUBLISH"
         self._bus: WakeBus | None = None
@@ -127,6 +135,11 @@ class RedisBackend:
         ttl_ms = int(settings.session_ttl * 1000)
         self._ttl_ms = max(ttl_ms, 1)
         self._grace_ms = int(settings.session_index_grace * 1000)
+        #: How long an index set or tenant set lives past its last refresh: a member session is
+        #: refreshed at least every ttl/4 while it lives, so it expires within 1.25 ttl of the
+        #: last refresh; the grace covers clock skew between workers. A set whose sessions all
+        #: died expires by itself, whether or not the expiry sweep keeps up.
+        self._derived_ms = int(self._ttl_ms * 1.25) + self._grace_ms
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,9 +186,17 @@ class RedisBackend:
         """Read the epoch, creating a new one when Redis lost it; updates ``self.epoch``."""
         epoch = as_text(await self.scripts.get_or_set(keys=[self.keys.epoch], args=[secrets.token_hex(4)]))
         if self.epoch and epoch != self.epoch:
-            logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+            self._data_lost(epoch)
         self.epoch = epoch
         return epoch
+
+    def _data_lost(self, epoch: str) -> None:
+        """Count and log a store that lost its data: changes not yet fanned out went with it."""
+        self.data_losses += 1
+        backlog = sum(self.changelog.backlog.values())
+        logger.warning("redis epoch changed from %s to %s: its data was lost, with every change not yet fanned "
+                       "out (%d when this worker last acknowledged; data losses seen by this worker: %d)",
+                       self.epoch, epoch, backlog, self.data_losses)
 
     def _bus_or_fail(self) -> WakeBus:
         if self._bus is None:
@@ -214,9 +235,10 @@ class RedisBackend:
             batch.call(self.scripts.session_create, [keys.meta, keys.subs, keys.inbox], [self._ttl_ms, *fields])
             batch.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
             batch.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
+            batch.pipe.pexpire(self.keys.tenant_sessions(record.tenant), self._derived_ms)
             epoch = as_text((await batch.execute())[0])
             if epoch != self.epoch:
-                logger.warning("redis epoch changed from %s to %s: its data was lost", self.epoch, epoch)
+                self._data_lost(epoch)
                 self.epoch = record.epoch = epoch
                 await self.redis.hset(keys.meta, "epoch", epoch)
 
@@ -240,13 +262,25 @@ class RedisBackend:
         return [self._ttl_ms, self._grace_ms, int(now * 1000), self._ttl_ms // 4]
 
     async def _register_touched(self, session_ids: Sequence[str], results: Sequence[Any], now: float) -> None:
-        """Move the registry deadline of the touched sessions whose touch says it is due (their tenant)."""
+        """For the touched sessions whose touch says it is due (the reply is their tenant and
+        URIs): move their registry deadline and refresh the expiry of their tenant set and of
+        the index sets they are in, which then outlive only live sessions (see ``_derived_ms``)."""
         due = Batch(self.redis)
         deadline = self._registry_deadline(now)
+        tenants: set[str] = set()
         for sid, result in zip(session_ids, results, strict=True):
-            if isinstance(result, bytes):
-                due.pipe.zadd(self.keys.registry, {f"{sid} {result.decode()}": deadline})
-                due.pipe.zadd(self.keys.tenant_sessions(result.decode()), {sid: deadline})
+            if isinstance(result, list) and result:
+                tenant = as_text(result[0])
+                due.pipe.zadd(self.keys.registry, {f"{sid} {tenant}": deadline})
+                due.pipe.zadd(self.keys.tenant_sessions(tenant), {sid: deadline})
+                tenants.add(tenant)
+                for uri in result[1:]:
+                    due.pipe.pexpire(self.keys.index(tenant, as_text(uri)), self._derived_ms)
+        for tenant in tenants:
+            key = self.keys.tenant_sessions(tenant)
+            due.pipe.pexpire(key, self._derived_ms)
+            # Deadlines are upper bounds of expiry: members past theirs are dead, sweep or not.
+            due.pipe.zremrangebyscore(key, "-inf", now - self.settings.session_index_grace)
         await due.execute()
 
     async def update_session(self, session_id: str, **fields: Any) -> None:
@@ -293,6 +327,7 @@ class RedisBackend:
             batch = Batch(self.redis)
             for uri in uris:
                 batch.pipe.sadd(self.keys.index(record.tenant, uri), record.id)
+                batch.pipe.pexpire(self.keys.index(record.tenant, uri), self._derived_ms)
             batch.call(self.scripts.session_restore, [keys.meta, keys.subs, keys.inbox],
                        [self._ttl_ms, self._grace_ms, len(uris), *uris, *fields])
             restored = bool((await batch.execute())[-1])
@@ -307,6 +342,7 @@ class RedisBackend:
             registered = Batch(self.redis)
             registered.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
             registered.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
+            registered.pipe.pexpire(self.keys.tenant_sessions(record.tenant), self._derived_ms)
             await registered.execute()
         return True
 
@@ -358,9 +394,10 @@ class RedisBackend:
         with unavailable("add_subscription"):
             batch = Batch(self.redis)
             batch.pipe.sadd(index, session_id)
+            batch.pipe.pexpire(index, self._derived_ms)  # its own expiry: see _derived_ms
             batch.call(self.scripts.subscription_add, [keys.meta, keys.subs, keys.wake],
                        [uri, self._grace_ms, self.publish_command, limit])
-            added, count = (await batch.execute())[:2]
+            added, _, count = await batch.execute()
             count = int(count)
             if count <= 0 and int(added):
                 await self.redis.srem(index, session_id)  # gone or refused: undo the new index entry
@@ -436,21 +473,30 @@ class RedisBackend:
 
     async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
                              frames: dict[str, list[bytes]]) -> None:
-        """One wake-up message per worker node for a whole batch, after the appends.
+        """The wake-ups of a whole batch, per worker node, in messages of bounded size, after the appends.
 
         Publishing after the append script (rather than inside it) keeps the handoff: a stream
         registers its node before it reads the inbox, so a frame appended later is either in
-        that read or announced to the node afterwards.
+        that read or announced to the node afterwards. A session whose frames are larger than
+        ``wake_frame_max_bytes`` gets a frameless wake and reads them from its inbox: one large
+        change watched by many streams on a worker must not reach Redis's pub/sub buffer limit,
+        which drops the worker's connection and makes every stream of it re-read.
         """
-        by_node: dict[str, list[tuple[str, int, bytes]]] = {}
+        settings = self.settings
+        frame_max = min(settings.wake_frame_max_bytes, settings.wake_message_max_bytes // 2)
+        by_node: dict[str, list[NodeWake]] = {}
         for sid, head, node in zip(sids, heads, nodes, strict=True):
             if head >= 0 and node:
-                count = len(frames[sid])
-                by_node.setdefault(node, []).append((sid, head - count + 1, b"".join(frames[sid])))
+                packed = b"".join(frames[sid])
+                entry: NodeWake = (sid, head, None) if len(packed) > frame_max else (
+                    sid, head - len(frames[sid]) + 1, packed)
+                by_node.setdefault(node, []).append(entry)
         if by_node:
             batch = Batch(self.redis)
             for node, entries in by_node.items():
-                batch.pipe.execute_command(self.publish_command, self.keys.node_wake(node), encode_node_wakes(entries))
+                channel = self.keys.node_wake(node)
+                for message in split_node_wakes(entries, settings.wake_message_max_bytes):
+                    batch.pipe.execute_command(self.publish_command, channel, message)
             await batch.execute()
 
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:

@@ -3,8 +3,16 @@
 A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in
 Redis at first start (``P:partitions``) and the stored value wins over the setting, because a
 tenant's records live under its partition's hash tag and must not move. Change ids are
-``<partition>:<stream id>``. Entries beyond ``changelog_maxlen`` per partition are trimmed
-approximately, even if pending: a fan-out that falls that far behind loses the oldest changes.
+``<partition>:<stream id>``.
+
+Bounds: nothing fan-out has not processed is ever trimmed. An append (``changelog_append.lua``,
+and the record scripts) checks, in the same step, that the partition holds fewer than
+``changelog_maxlen`` entries and the tenant fewer than ``changelog_tenant_max`` changes not yet
+fanned out (a per-tenant count in ``P:{c:<n>}:backlog``, the partition's hash slot), and refuses
+the whole call otherwise (``LogFull``, ``QuotaExceeded``) before anything is acknowledged. The
+acknowledgement (``changelog_ack.lua``) counts each change out of its tenant's backlog and
+trims the partition below its oldest pending entry (or the last delivered one): the one reader
+of the partition trims, so trimming never races a read.
 
 Each partition is read by one fan-out consumer at a time, the holder of its lease
 (``P:{c:<n>}:lease``). Consumers that read one partition side by side would append a URI's
@@ -34,7 +42,7 @@ from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import LimitExceeded, WriteConflict, raise_if_cancelled
+from broker.errors import LimitExceeded, LogFull, PublishRefused, QuotaExceeded, WriteConflict, raise_if_cancelled
 
 __all__ = ["ChangeLog"]
 
@@ -89,6 +97,11 @@ class ChangeLog:
         self._holding: dict[str, _Holding] = {}
         #: Live fan-out consumers, as the registry last said.
         self._live = 1
+        #: Per partition, the changes not yet fanned out when this process last acknowledged
+        #: or trimmed: what a store that restarts empty would lose (logged then).
+        self.backlog: dict[int, int] = {}
+        #: Unreadable entries this process dropped (each is logged with its id).
+        self.dropped = 0
 
     async def start(self) -> None:
         stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
@@ -110,41 +123,83 @@ class ChangeLog:
         return zlib.crc32(tenant.encode()) % self.partitions
 
     # -- change log ------------------------------------------------------------------------
+    def _append_args(self, changes: Sequence[Change]) -> list[Any]:
+        args: list[Any] = [self.settings.changelog_maxlen, self.settings.changelog_tenant_max]
+        for change in changes:
+            args += [change.tenant, encode_change(change)]
+        return args
+
+    def _appended(self, partition: int, reply: Sequence[Any]) -> list[str]:
+        """The change ids of a ``changelog_append.lua`` reply; raises what refused them."""
+        status = int(reply[0])
+        if status == -2:
+            raise LogFull(partition, self.settings.changelog_maxlen)
+        if status == -1:
+            raise QuotaExceeded(as_text(reply[1]), self.settings.changelog_tenant_max, int(reply[2]), int(reply[3]))
+        return [f"{partition}:{as_text(entry_id)}" for entry_id in reply[1:]]
+
+    async def _append(self, partition: int, changes: Sequence[Change]) -> list[str]:
+        keys = [self.keys.log(partition), self.keys.backlog(partition)]
+        args = self._append_args(changes)
+        reply = await self.scripts.changelog_append(keys=keys, args=args)
+        if int(reply[0]) == -2:
+            # Full, perhaps of entries fan-out processed and nobody trimmed yet (fan-out trims
+            # as it acknowledges; a log an older version wrote has no such trimming): trim
+            # what was processed and try once more. Only on this path, so a refusal costs two
+            # calls and an accepted publish one.
+            await self.trim(partition)
+            reply = await self.scripts.changelog_append(keys=keys, args=args)
+        return self._appended(partition, reply)
+
+    async def trim(self, partition: int) -> int:
+        """Trim what fan-out processed from a partition; returns the entries left (not yet processed).
+
+        The group's last delivered id is read before the script looks at what is pending: an
+        entry delivered by then and not pending when the script runs was acknowledged.
+        """
+        key = self.keys.log(partition)
+        delivered = ""
+        for group in await self.client.xinfo_groups(key):
+            if as_text(group["name"]) == FANOUT_GROUP:
+                delivered = as_text(group["last-delivered-id"])
+        left = int(await self.scripts.changelog_ack(keys=[key, self.keys.backlog(partition)],
+                                                    args=[FANOUT_GROUP, delivered]))
+        self.backlog[partition] = left
+        return left
+
     async def publish(self, change: Change) -> str:
-        partition = self.partition(change.tenant)
-        entry_id = await self.client.xadd(self.keys.log(partition), {"c": encode_change(change)},
-                                          maxlen=self.settings.changelog_maxlen, approximate=True)
-        return f"{partition}:{as_text(entry_id)}"
+        """One script call: the bounds are checked and the change counted with the append.
+
+        Raises:
+            QuotaExceeded, LogFull: the change was refused, nothing was appended.
+        """
+        return (await self._append(self.partition(change.tenant), [change]))[0]
 
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
-        """One pipeline on a single node. On Cluster the partitions (on different nodes) are
-        written concurrently, each one's changes in order: a tenant's changes keep their order."""
-        if len(changes) == 1:
-            return [await self.publish(changes[0])]  # a plain command costs less than a pipeline
-        partitions = [self.partition(change.tenant) for change in changes]
-        if not self.cluster:
-            pipe = self.client.pipeline(transaction=False)
-            for partition, change in zip(partitions, changes, strict=True):
-                pipe.xadd(self.keys.log(partition), {"c": encode_change(change)},
-                          maxlen=self.settings.changelog_maxlen, approximate=True)
-            entry_ids = await pipe.execute()
-            return [f"{p}:{as_text(entry_id)}" for p, entry_id in zip(partitions, entry_ids, strict=True)]
-        ids: list[str] = [""] * len(changes)
+        """One script call per partition, all of its changes or none (a tenant's changes are in
+        one partition, in order); on a single node in one pipeline, on Cluster concurrently.
+        Every partition finishes before a refusal or an error is raised: a caller told "not
+        acknowledged" must not have appends still landing behind its back."""
         by_partition: dict[int, list[int]] = {}
-        for i, partition in enumerate(partitions):
-            by_partition.setdefault(partition, []).append(i)
-
-        async def in_order(positions: list[int]) -> None:
-            for i in positions:
-                ids[i] = await self.publish(changes[i])
-
-        # Every partition finishes before an error is raised: a caller told "not acknowledged"
-        # must not have appends still landing behind its back.
-        outcomes = await asyncio.gather(*(in_order(positions) for positions in by_partition.values()),
-                                        return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        for i, change in enumerate(changes):
+            by_partition.setdefault(self.partition(change.tenant), []).append(i)
+        if len(by_partition) <= 1:
+            return await self._append(self.partition(changes[0].tenant), changes) if changes else []
+        batch = Batch(self.client)
+        for partition, positions in by_partition.items():
+            batch.call(self.scripts.changelog_append, [self.keys.log(partition), self.keys.backlog(partition)],
+                       self._append_args([changes[i] for i in positions]))
+        replies = await batch.execute()
+        ids: list[str] = [""] * len(changes)
+        refused: PublishRefused | None = None
+        for (partition, positions), reply in zip(by_partition.items(), replies, strict=True):
+            try:
+                for i, change_id in zip(positions, self._appended(partition, reply), strict=True):
+                    ids[i] = change_id
+            except PublishRefused as exc:
+                refused = refused or exc
+        if refused is not None:
+            raise refused
         return ids
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
@@ -156,7 +211,9 @@ class ChangeLog:
             except (KeyError, TypeError, ValueError) as exc:
                 # An entry no version of the broker can read must not hold up its neighbours
                 # (it would be claimed and fail again forever): it is acknowledged and dropped.
-                logger.error("dropping unreadable change-log entry %s: %r", change_id, exc)
+                self.dropped += 1
+                logger.error("dropping unreadable change-log entry %s: %r (%d dropped by this process)",
+                             change_id, exc, self.dropped)
                 self._unreadable.append(change_id)
         return out
 
@@ -363,6 +420,12 @@ class ChangeLog:
                 await asyncio.sleep(0.01)  # the server did not block (fakeredis): poll instead
 
     async def ack(self, ids: Sequence[str]) -> None:
+        """Acknowledge, count out of the tenants' backlogs and trim what was processed, per partition.
+
+        Trimmed here, by the partition's one reader, rather than by length at publish: an entry
+        leaves the log only once fan-out is done with it, so a flood can be refused but never
+        evicts another tenant's unread change.
+        """
         by_partition: dict[int, list[str]] = {}
         for change_id in ids:
             number, _, entry_id = change_id.partition(":")
@@ -370,8 +433,10 @@ class ChangeLog:
                 by_partition.setdefault(int(number), []).append(entry_id)
         batch = Batch(self.client)
         for partition, entry_ids in by_partition.items():
-            batch.pipe.xack(self.keys.log(partition), FANOUT_GROUP, *entry_ids)
-        await batch.execute()
+            batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
+                       [FANOUT_GROUP, "", *entry_ids])
+        for partition, left in zip(by_partition, await batch.execute(), strict=True):
+            self.backlog[partition] = int(left)
         # Only now: ids whose acknowledgement failed are handed out again at the next read.
         for holding in self._holding.values():
             holding.handed.difference_update(ids)
@@ -412,21 +477,34 @@ class ChangeLog:
         p = self.partition(tenant)
         keys = self.keys
         return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
-                keys.collections(p, tenant), keys.log(p), keys.record_usage(p, tenant)]
+                keys.collections(p, tenant), keys.log(p), keys.record_usage(p, tenant), keys.backlog(p)]
+
+    def _record_refused(self, tenant: str, code: int) -> None:
+        """Raise what a record script's -4 or -5 means (the change-log bounds of ``changelog_append.lua``)."""
+        if code == -4:
+            raise LogFull(self.partition(tenant), self.settings.changelog_maxlen)
+        if code == -5:
+            limit = self.settings.changelog_tenant_max
+            raise QuotaExceeded(tenant, limit, limit, 1)
 
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
                            expect: bytes | None = None) -> bool:
         settings = self.settings
         args: list[Any] = [record_id, data, collection, settings.changelog_maxlen, encode_change(change),
                            encode_change(replace(change, kind=ChangeKind.CREATED)), settings.max_records_per_tenant,
-                           settings.max_record_bytes_per_tenant]
+                           settings.max_record_bytes_per_tenant, settings.changelog_tenant_max, tenant]
         if expect is not None:
             args.append(expect)
-        created = int(await self.scripts.record_write(keys=self._record_keys(tenant, collection), args=args))
+        keys = self._record_keys(tenant, collection)
+        created = int(await self.scripts.record_write(keys=keys, args=args))
+        if created == -4:  # full: trim what was processed and try once more (see _append)
+            await self.trim(self.partition(tenant))
+            created = int(await self.scripts.record_write(keys=keys, args=args))
         if created == -1:
             raise WriteConflict(record_id)
-        if created < -1:
+        if created in (-2, -3):
             raise LimitExceeded(record_quota_message(settings, count=created == -2))
+        self._record_refused(tenant, created)
         return created == 1
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
@@ -434,10 +512,15 @@ class ChangeLog:
         return data
 
     async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
-        deleted = await self.scripts.record_delete(
-            keys=self._record_keys(tenant, collection),
-            args=[record_id, collection, self.settings.changelog_maxlen, encode_change(change)])
-        return bool(deleted)
+        keys = self._record_keys(tenant, collection)
+        args: list[Any] = [record_id, collection, self.settings.changelog_maxlen, encode_change(change),
+                           self.settings.changelog_tenant_max, tenant]
+        deleted = int(await self.scripts.record_delete(keys=keys, args=args))
+        if deleted == -4:  # full: trim what was processed and try once more (see _append)
+            await self.trim(self.partition(tenant))
+            deleted = int(await self.scripts.record_delete(keys=keys, args=args))
+        self._record_refused(tenant, deleted)
+        return deleted == 1
 
     async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
         if limit <= 0:

@@ -4,6 +4,8 @@ Frames and changes are msgpack. A wake-up published on a session's channel is ei
 ``F<first offset>:<packed frame><packed frame>...`` (built by ``inbox_append.lua`` from the
 frames it just stored, so a stream usually needs no read), ``T<generation>`` (a takeover;
 ``T`` alone closes every stream), or ``S+<uri>`` / ``S-<uri>`` (the session subscribed to or unsubscribed from a URI).
+A message on a worker's node channel is a msgpack list of ``NodeWake`` entries, cut to a bounded
+size (``split_node_wakes``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from broker.backends.base import CLOSE_ALL, Frame, SessionRecord, Wake
 from broker.changes import Change
 
 __all__ = [
+    "NodeWake",
     "decode_change",
     "decode_changes",
     "decode_session",
@@ -27,6 +30,7 @@ __all__ = [
     "encode_session",
     "encode_session_fields",
     "entry_offset",
+    "split_node_wakes",
 ]
 
 # SessionRecord attribute -> hash field; dict-valued attributes are msgpack, the rest text.
@@ -152,17 +156,50 @@ def decode_changes(packed: bytes) -> list[Change]:
     return [Change.from_wire(wire) for wire in msgpack.unpackb(packed, raw=False)]
 
 
-def encode_node_wakes(entries: Sequence[tuple[str, int, bytes]]) -> bytes:
-    """The frame wake-ups of one batch for one worker node: (session id, first offset, packed frames)."""
+#: Bytes a node wake-up entry costs beside its session id and frames (msgpack headers, offset).
+_ENTRY_OVERHEAD = 16
+
+#: One session's entry in a node wake-up: (session id, first offset, packed frames), or, for a
+#: frameless wake, (session id, newest offset, None): the stream reads its inbox.
+NodeWake = tuple[str, int, bytes | None]
+
+
+def encode_node_wakes(entries: Sequence[NodeWake]) -> bytes:
+    """The frame wake-ups of one message for one worker node."""
     packed: bytes = msgpack.packb(entries)
     return packed
+
+
+def split_node_wakes(entries: Sequence[NodeWake], max_bytes: int) -> list[bytes]:
+    """The entries as messages of at most ``max_bytes`` each (an entry larger than that alone in one).
+
+    A message a worker's pub/sub connection cannot take fast enough grows Redis's output
+    buffer for it; past the buffer's limit (32 MB by default) Redis drops the connection and
+    every stream of the worker re-reads its inbox. So a batch's wake-ups are cut into bounded
+    messages (the caller keeps any one session's frames below a bound too).
+    """
+    messages: list[bytes] = []
+    start, size = 0, 0
+    for i, (sid, _, packed) in enumerate(entries):
+        cost = len(sid) + len(packed or b"") + _ENTRY_OVERHEAD
+        if i > start and size + cost > max_bytes:
+            messages.append(encode_node_wakes(entries[start:i]))
+            start, size = i, 0
+        size += cost
+    if start < len(entries):
+        messages.append(encode_node_wakes(entries[start:]))
+    return messages
+
+
+def _node_wakes(first: int, packed: bytes | None) -> list[Wake]:
+    if packed is None:
+        return [Wake("frames", first)]
+    return [Wake("frames", first + i, frame=frame) for i, frame in enumerate(_frames(packed))]
 
 
 def decode_node_wakes(payload: bytes) -> list[tuple[str, list[Wake]]]:
     """Per session, the frame wake-ups in one message of a node channel (empty for a malformed one)."""
     try:
-        entries = msgpack.unpackb(payload, raw=False)
-        return [(sid, [Wake("frames", first + i, frame=frame) for i, frame in enumerate(_frames(packed))])
-                for sid, first, packed in entries]
+        return [(sid, _node_wakes(first, packed)) for sid, first, packed in msgpack.unpackb(payload, raw=False)]
     except (ValueError, TypeError):
         return []

@@ -15,6 +15,7 @@ key                            type        what
 ``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
 ``P:{i:<tenant>:<uri>}``       set         the index: session ids subscribed to one URI
 ``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
+``P:{c:<n>}:backlog``          hash        per tenant: changes of partition ``n`` not yet fanned out
 ``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
 ``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
@@ -23,6 +24,11 @@ key                            type        what
 ``P:{c:<n>}:use:<t>``          hash        the tenant's records (``n``) and their bytes (``b``), for its quota
 ``P:bcast``                    channel     changes for modern listens, every worker subscribes
 =============================  ==========  ===================================================
+
+``<tenant>`` and ``<t>`` are the tenant name escaped (``%``, ``:``, ``{``, ``}``, ``/`` as ``%XX``):
+the names are injective whatever the input, so a tenant ``a:b`` never shares a key with tenant
+``a`` (``{i:a:b:x}`` would be tenant ``a``'s URI ``b:x``), and a valid tenant name (see
+``broker.tenants``) is written as it is, so keys made before the escaping are still found.
 
 A session's keys and its wake channel share the tag ``{s:<sid>}``, so each session script runs
 in one Cluster slot. A tenant's records share the tag of the change-log partition the tenant
@@ -34,10 +40,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FANOUT_GROUP", "Keys", "SessionKeys"]
+__all__ = ["FANOUT_GROUP", "Keys", "SessionKeys", "escape_tenant"]
 
 #: The consumer group of the change log.
 FANOUT_GROUP = "fanout"
+
+
+_ESCAPES = str.maketrans({"%": "%25", ":": "%3A", "{": "%7B", "}": "%7D", "/": "%2F"})
+
+
+def escape_tenant(tenant: str) -> str:
+    """The tenant part of a key: no separator (``:``, ``/``), hash-tag brace or ``%`` left unescaped."""
+    return tenant.translate(_ESCAPES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +92,11 @@ class Keys:
         return None
 
     def tenant_sessions(self, tenant: str) -> str:
-        return f"{self.prefix}:{{t:{tenant}}}:sessions"
+        return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:sessions"
 
     def index(self, tenant: str, uri: str) -> str:
-        return f"{self.prefix}:{{i:{tenant}:{uri}}}"
+        # The tenant part holds no ':', so the first ':' after it ends it: injective.
+        return f"{self.prefix}:{{i:{escape_tenant(tenant)}:{uri}}}"
 
     def log(self, partition: int) -> str:
         return f"{self.prefix}:{{c:{partition}}}:log"
@@ -90,15 +105,19 @@ class Keys:
         """Which fan-out consumer holds the partition (it alone reads it, so changes keep their order)."""
         return f"{self.prefix}:{{c:{partition}}}:lease"
 
+    def backlog(self, partition: int) -> str:
+        """Per tenant, how many of the partition's changes fan-out has not processed yet."""
+        return f"{self.prefix}:{{c:{partition}}}:backlog"
+
     def records(self, partition: int, tenant: str, collection: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:rec:{tenant}/{collection}"
+        return f"{self.prefix}:{{c:{partition}}}:rec:{escape_tenant(tenant)}/{collection}"
 
     def record_ids(self, partition: int, tenant: str, collection: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:ids:{tenant}/{collection}"
+        return f"{self.prefix}:{{c:{partition}}}:ids:{escape_tenant(tenant)}/{collection}"
 
     def collections(self, partition: int, tenant: str) -> str:
-        return f"{self.prefix}:{{c:{partition}}}:cols:{tenant}"
+        return f"{self.prefix}:{{c:{partition}}}:cols:{escape_tenant(tenant)}"
 
     def record_usage(self, partition: int, tenant: str) -> str:
         """The tenant's record count and bytes, kept by the scripts that write and delete records."""
-        return f"{self.prefix}:{{c:{partition}}}:use:{tenant}"
+        return f"{self.prefix}:{{c:{partition}}}:use:{escape_tenant(tenant)}"

@@ -1,11 +1,18 @@
--- KEYS: records hash, ids zset, collections zset, change-log partition, the tenant's record usage hash.
--- ARGV: record id, collection, log maxlen, packed change. Returns 1 when the record existed.
+-- KEYS: records hash, ids zset, collections zset, change-log partition, the tenant's record usage
+--       hash, the partition's backlog hash.
+-- ARGV: record id, collection, log maxlen, packed change, the tenant's change-log bound, the tenant.
+-- Returns 1 when the record existed (deleted, its change appended), 0 when it did not; -4 or -5
+-- (nothing deleted) when the log or the tenant's share of it is full (see record_write.lua).
 local size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+if size == 0 then return 0 end
+if redis.call('XLEN', KEYS[4]) >= tonumber(ARGV[3]) then return -4 end
+if tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0') >= tonumber(ARGV[5]) then return -5 end
+redis.call('HDEL', KEYS[1], ARGV[1])
 -- Records stored before usage was counted are not in it: never count below zero.
 if redis.call('HINCRBY', KEYS[5], 'n', -1) < 0 then redis.call('HSET', KEYS[5], 'n', 0) end
 if redis.call('HINCRBY', KEYS[5], 'b', -size) < 0 then redis.call('HSET', KEYS[5], 'b', 0) end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('ZREM', KEYS[3], ARGV[2]) end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', 'c', ARGV[4])
+redis.call('XADD', KEYS[4], '*', 'c', ARGV[4], 't', ARGV[6])
+redis.call('HINCRBY', KEYS[6], ARGV[6], 1)
 return 1

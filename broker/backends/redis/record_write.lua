@@ -1,15 +1,19 @@
--- KEYS: records hash, ids zset, collections zset, change-log partition, the tenant's record usage hash.
+-- KEYS: records hash, ids zset, collections zset, change-log partition, the tenant's record usage
+--       hash, the partition's backlog hash (changes not yet fanned out, per tenant).
 -- ARGV: record id, data, collection, log maxlen, packed change for an existing record, packed
 --       change for a new one (kind 'created'), the tenant's record quota (count), its quota in
---       bytes, and optionally the value the write expects.
+--       bytes, the tenant's change-log bound (changes not yet fanned out), the tenant, and
+--       optionally the value the write expects.
 -- Stores the record and appends the change that applies, atomically. Returns 1 when the record
--- is new, 0 when it existed, -1 (nothing written) when an expected value does not match, -2 or
--- -3 (nothing written) when the tenant's record count or bytes would pass its quota. The usage
--- hash (fields n: records, b: bytes of values) changes in the same step, so it cannot drift.
+-- is new, 0 when it existed; nothing is written and it returns -1 when an expected value does
+-- not match, -2 or -3 when the tenant's record count or bytes would pass its quota, -4 when the
+-- change-log partition is full, -5 when the tenant has its bound of changes not yet fanned out
+-- (the bounds of changelog_append.lua). The usage hash (fields n: records, b: bytes of values)
+-- and the backlog change in the same step, so they cannot drift.
 local old
-if ARGV[9] then
+if ARGV[11] then
   old = redis.call('HGET', KEYS[1], ARGV[1])
-  if old ~= ARGV[9] then return -1 end
+  if old ~= ARGV[11] then return -1 end
   old = string.len(old)
 else
   -- A stored record is never empty (it is encoded JSON), so 0 means there is none.
@@ -21,14 +25,17 @@ local used = redis.call('HMGET', KEYS[5], 'n', 'b')
 if not old and (tonumber(used[1]) or 0) >= tonumber(ARGV[7]) then return -2 end
 -- A write that does not grow the tenant's bytes passes even over a lowered quota.
 if grow > 0 and (tonumber(used[2]) or 0) + grow > tonumber(ARGV[8]) then return -3 end
+if redis.call('XLEN', KEYS[4]) >= tonumber(ARGV[4]) then return -4 end
+if tonumber(redis.call('HGET', KEYS[6], ARGV[10]) or '0') >= tonumber(ARGV[9]) then return -5 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if grow ~= 0 then redis.call('HINCRBY', KEYS[5], 'b', grow) end
+redis.call('HINCRBY', KEYS[6], ARGV[10], 1)
 if not old then
   redis.call('HINCRBY', KEYS[5], 'n', 1)
   redis.call('ZADD', KEYS[2], 0, ARGV[1])
   redis.call('ZADD', KEYS[3], 0, ARGV[3])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[6])
+  redis.call('XADD', KEYS[4], '*', 'c', ARGV[6], 't', ARGV[10])
   return 1
 end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'c', ARGV[5])
+redis.call('XADD', KEYS[4], '*', 'c', ARGV[5], 't', ARGV[10])
 return 0

@@ -31,6 +31,8 @@ NAMES = (
     "record_delete",
     "partition_lease",
     "fanout_consumers",
+    "changelog_append",
+    "changelog_ack",
 )
 
 
@@ -59,4 +61,6 @@ class Scripts:
         self.record_delete: AsyncScript = loaded["record_delete"]
         self.partition_lease: AsyncScript = loaded["partition_lease"]
         self.fanout_consumers: AsyncScript = loaded["fanout_consumers"]
+        self.changelog_append: AsyncScript = loaded["changelog_append"]
+        self.changelog_ack: AsyncScript = loaded["changelog_ack"]
         self.all = list(loaded.values())

@@ -1,0 +1,59 @@
+"""The change log's bounds as Redis keeps them: counts in the partition's slot, trimming by the reader."""
+
+from __future__ import annotations
+
+import secrets
+
+from redis.crc import key_slot
+
+from broker.backends.redis import RedisBackend
+from broker.backends.redis.keys import FANOUT_GROUP, Keys
+from broker.changes import Change
+from broker.config import Settings
+from tests.contract.conftest import fakeredis_factory
+
+
+def bounded(**overrides: object) -> RedisBackend:
+    settings = Settings(_env_file=None, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
+                        **{"changelog_tenant_max": 20, "changelog_maxlen": 60, **overrides})
+    return RedisBackend(settings, client_factory=fakeredis_factory())
+
+
+def test_the_tenant_counts_live_in_the_slot_of_their_partition() -> None:
+    keys = Keys("mcpb")
+    assert key_slot(keys.backlog(3).encode()) == key_slot(keys.log(3).encode())
+
+
+async def test_a_log_full_of_processed_entries_an_older_version_left_is_trimmed_not_refused() -> None:
+    backend = bounded()
+    await backend.start()
+    try:
+        log = backend.keys.log(0)
+        for _ in range(80):  # as an older version wrote them: no tenant field, trimmed by length only
+            await backend.redis.xadd(log, {"c": b"old"})
+        reply = await backend.redis.xreadgroup(FANOUT_GROUP, "old-worker", {log: ">"}, count=100)
+        await backend.redis.xack(log, FANOUT_GROUP, *[entry_id for entry_id, _ in reply[0][1]])
+        ids = [await backend.publish(Change("a", f"x:{n}")) for n in range(20)]
+        assert len(ids) == 20
+        assert await backend.redis.xlen(log) == 20
+    finally:
+        await backend.close()
+
+
+async def test_acknowledging_trims_the_log_and_counts_the_tenant_out() -> None:
+    backend = bounded()
+    await backend.start()
+    try:
+        for n in range(10):
+            await backend.publish(Change("a", f"x:{n}"))
+        batch = await backend.read_changes("c1", 4, 0)
+        await backend.ack_changes([cid for cid, _ in batch])
+        assert await backend.redis.xlen(backend.keys.log(0)) == 6
+        assert await backend.redis.hget(backend.keys.backlog(0), "a") == b"6"
+        rest = await backend.read_changes("c1", 100, 0)
+        await backend.ack_changes([cid for cid, _ in rest])
+        await backend.ack_changes([cid for cid, _ in rest])  # twice: counted out once
+        assert await backend.redis.xlen(backend.keys.log(0)) == 0
+        assert not await backend.redis.exists(backend.keys.backlog(0))
+    finally:
+        await backend.close()
