@@ -15,9 +15,12 @@ __all__ = ["LIST_CHANGED", "update_frame"]
 LIST_CHANGED: Final = Frame("l", notification("notifications/resources/list_changed"))
 
 
-def update_frame(uri: str, meta: dict[str, Any] | None = None) -> Frame:
-    """``notifications/resources/updated`` for ``uri``; a change's ``meta`` goes into ``params._meta``."""
+def update_frame(uri: str, meta: dict[str, Any] | None = None, change: str = "") -> Frame:
+    """``notifications/resources/updated`` for ``uri``; a change's ``meta`` goes into ``params._meta``.
+
+    ``change``: the id of the change behind it, for fan-out (see ``Frame.change``).
+    """
     params: dict[str, Any] = {"uri": uri}
     if meta:
         params["_meta"] = meta
-    return Frame("u:" + uri, notification("notifications/resources/updated", params))
+    return Frame("u:" + uri, notification("notifications/resources/updated", params), change)
