@@ -10,6 +10,10 @@ newer than the newest of that partition it already holds (``Backend.append_frame
 redone batch adds nothing twice to a session. Listens have no such memory: a batch redone after
 its broadcast went out reaches them again (harmless, every notification is a level trigger).
 
+A consumer stopped for shutdown (its task cancelled) finishes the batch in hand, for at most
+``fanout_stop_timeout`` seconds, before it gives its leases up: the next holder then has no
+half-done batch to redo.
+
 Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
 that failed is handed out again before anything newer, so the notifications of one URI leave
 in the order its changes were published. A batch that keeps failing (three times and 30 s) for
@@ -125,6 +129,38 @@ class Fanout:
             except Exception:  # must not replace the CancelledError that is ending the task
                 logger.exception("fan-out could not give up its leases; they lapse by themselves")
 
+    async def _process_to_the_end(self, batch: Sequence[tuple[str, Change]]) -> None:
+        """``process``, which a shutdown (a cancellation) lets finish for ``fanout_stop_timeout``.
+
+        A batch cut short after its append leaves its changes pending, and the next holder
+        redoes it: the inboxes skip what they already hold, but listens would hear it twice,
+        and the partition waits for that redo. So a stopping consumer finishes what it has
+        taken, then gives its leases up. Cancellations that come meanwhile (a shutdown repeats
+        them) do not shorten the bound; past it the batch is abandoned to the next holder.
+        """
+        if not batch:
+            return
+        work = asyncio.ensure_future(self.process(batch))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.done():
+                raise
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.fanout_stop_timeout
+            while not work.done() and (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait([work], timeout=left)
+                except asyncio.CancelledError:
+                    continue
+            if not work.done():
+                work.cancel()
+                logger.warning("fan-out stopped with a batch of %d changes unfinished; the next holder redoes it",
+                               len(batch))
+            elif not work.cancelled() and work.exception() is not None:
+                logger.warning("fan-out stopped on a failed batch (%s); the next holder redoes it", work.exception())
+            raise
+
     async def _consume(self) -> None:
         settings = self.settings
         backoff = 0.05
@@ -139,7 +175,7 @@ class Fanout:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
                 batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
-                await self.process(batch)
+                await self._process_to_the_end(batch)
                 failing, attempts = None, 0
                 backoff = 0.05
             except asyncio.CancelledError:
