@@ -29,19 +29,33 @@ for s = 1, #KEYS / 3 do
     results[k - 1] = ''
     results[k] = {}
   else
+    -- The first marked frame's field is read with head and node, in one call: fan-out sends
+    -- one partition per session, so that is usually the only read.
+    local first_field = nil
+    for i = 1, n do
+      local mark = ARGV[at + 2 * i - 1]
+      if mark ~= '' then
+        first_field = 'c' .. string.sub(mark, 41)
+        break
+      end
+    end
+    local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head')
+    local head = tonumber(got[1]) or 0
+    local node = got[2] or ''
+    local before = {} -- field -> position stored before this call
+    local newest = {} -- field -> newest position of this call
+    if first_field then
+      before[first_field] = got[3] or ''
+      newest[first_field] = before[first_field]
+    end
     local kept = {}
     local skipped = {}
-    local before = nil -- field -> position stored before this call
-    local newest = nil -- field -> newest position of this call
     for i = 1, n do
       local mark = ARGV[at + 2 * i - 1]
       local keep = true
       if mark ~= '' then
         local field = 'c' .. string.sub(mark, 41)
         local position = string.sub(mark, 1, 40)
-        if before == nil then
-          before, newest = {}, {}
-        end
         local stored = before[field]
         if stored == nil then
           stored = redis.call('HGET', KEYS[k - 2], field) or ''
@@ -60,12 +74,18 @@ for s = 1, #KEYS / 3 do
         skipped[#skipped + 1] = i
       end
     end
-    local head
-    if #kept == 0 then
-      head = tonumber(redis.call('HGET', KEYS[k - 2], 'head') or 0)
-    else
-      head = redis.call('HINCRBY', KEYS[k - 2], 'head', #kept)
-      local first = head - #kept + 1
+    local fields = {}
+    for field, position in pairs(newest) do
+      if position ~= before[field] then
+        fields[#fields + 1] = field
+        fields[#fields + 1] = position
+      end
+    end
+    if #kept > 0 then
+      local first = head + 1
+      head = head + #kept
+      fields[#fields + 1] = 'head'
+      fields[#fields + 1] = head
       for i = 1, #kept do
         redis.call('XADD', KEYS[k - 1], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', kept[i])
       end
@@ -89,15 +109,11 @@ for s = 1, #KEYS / 3 do
         redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. table.concat(kept))
       end
     end
-    if newest ~= nil then
-      for field, position in pairs(newest) do
-        if position ~= before[field] then
-          redis.call('HSET', KEYS[k - 2], field, position)
-        end
-      end
+    if #fields > 0 then
+      redis.call('HSET', KEYS[k - 2], unpack(fields))
     end
     results[k - 2] = head
-    results[k - 1] = redis.call('HGET', KEYS[k - 2], 'node') or ''
+    results[k - 1] = node
     results[k] = skipped
   end
   at = at + 2 * n + 1
