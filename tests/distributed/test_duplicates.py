@@ -37,12 +37,13 @@ LEASE = "mcpb:{c:0}:lease"
 
 
 async def subscribed_session(http: httpx.AsyncClient, targets: list[str]) -> str:
-    """A 2025-03-26 session (it may batch) subscribed to every target in one request."""
+    """A 2025-03-26 session (it may batch) subscribed to every target, 100 per request."""
     mcp = await McpSession(http, version="2025-03-26").initialize()
-    body = [{"jsonrpc": "2.0", "id": n, "method": "resources/subscribe", "params": {"uri": uri}}
-            for n, uri in enumerate(targets)]
-    response = await mcp.post(body)
-    assert response.status_code == 200 and all("result" in reply for reply in response.json()), response.text
+    for start in range(0, len(targets), 100):
+        body = [{"jsonrpc": "2.0", "id": n, "method": "resources/subscribe", "params": {"uri": uri}}
+                for n, uri in enumerate(targets[start:start + 100], start)]
+        response = await mcp.post(body)
+        assert response.status_code == 200 and all("result" in reply for reply in response.json()), response.text
     assert mcp.id is not None
     return mcp.id
 
