@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     changelog_partitions: int = 1
     fanout_batch: int = 256
     fanout_claim_idle_ms: int = 5000
+    #: Seconds a stopping fan-out consumer (SIGTERM) may spend finishing the batch in hand
+    #: (append, broadcast, acknowledge) before it gives its partitions up; past that the batch is
+    #: left to the next holder. Keep it below the 5 s a worker's shutdown waits for its tasks.
+    fanout_stop_timeout: float = Field(default=2.0, ge=0, le=4)
 
     # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
     #: Changes one tenant may have in the change log that fan-out has not processed yet; a

@@ -4,8 +4,15 @@ Each fan-out consumer takes a batch of changes from the log's consumer group, tu
 frames for every subscribed session, appends those frames to the inboxes, broadcasts the
 changes to the workers holding listens, and only then acknowledges the batch. A consumer
 that dies before acknowledging leaves its batch pending; another claims it after
-``fanout_claim_idle_ms``. Delivery is therefore at least once; a duplicate frame is
-harmless because every notification is a level trigger.
+``fanout_claim_idle_ms``. Fan-out is therefore at least once, but inbox appends are
+idempotent: every frame names the change behind it, and an inbox skips a frame of a change no
+newer than the newest of that partition it already holds (``Backend.append_frames``), so a
+redone batch adds nothing twice to a session. Listens have no such memory: a batch redone after
+its broadcast went out reaches them again (harmless, every notification is a level trigger).
+
+A consumer stopped for shutdown (its task cancelled) finishes the batch in hand, for at most
+``fanout_stop_timeout`` seconds, before it gives its leases up: the next holder then has no
+half-done batch to redo.
 
 Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
 that failed is handed out again before anything newer, so the notifications of one URI leave
@@ -22,6 +29,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 
 from broker.backends.base import Backend, Frame
 from broker.changes import Change, ChangeKind
@@ -41,17 +49,18 @@ POISON_SECONDS = 30.0
 #: Seconds a stopping consumer spends giving up its leases.
 RELEASE_TIMEOUT = 1.0
 
-def plan(changes: Sequence[Change]) -> tuple[dict[str, dict[str, Change]], set[str]]:
-    """Per tenant, the URIs to notify (each with the newest change behind it), and the tenants whose lists changed."""
-    updates: dict[str, dict[str, Change]] = {}
-    listed: set[str] = set()
-    for change in changes:
+def plan(batch: Sequence[tuple[str, Change]]) -> tuple[dict[str, dict[str, tuple[str, Change]]], dict[str, str]]:
+    """Per tenant, the URIs to notify, each with the newest change behind it (and its id), and
+    the tenants whose lists changed, each with the id of the newest change that changed it."""
+    updates: dict[str, dict[str, tuple[str, Change]]] = {}
+    listed: dict[str, str] = {}
+    for change_id, change in batch:
         per_tenant = updates.setdefault(change.tenant, {})
         for uri in notify_targets(change.uri):
             per_tenant.pop(uri, None)  # re-insert so the order follows the newest change
-            per_tenant[uri] = change
+            per_tenant[uri] = (change_id, change)
         if change.kind is not ChangeKind.UPDATED:
-            listed.add(change.tenant)
+            listed[change.tenant] = change_id
     return updates, listed
 
 
@@ -77,17 +86,20 @@ class Fanout:
     async def process(self, batch: Sequence[tuple[str, Change]]) -> None:
         if not batch:
             return
-        changes = [change for _, change in batch]
-        updates, listed = plan(changes)
+        updates, listed = plan(batch)
+        # Every frame names the change behind it, so appending a batch again (it was redone:
+        # its acknowledgement, or the reply to its append, was lost) adds nothing twice.
         frames: list[tuple[str, Frame]] = []
         found: dict[str, dict[str, list[str]]] = {}
         for tenant, by_uri in updates.items():
             subscribers = found[tenant] = await self.backend.subscribers(tenant, list(by_uri))
             for uri, sids in subscribers.items():
-                frame = update_frame(uri, by_uri[uri].meta)
+                change_id, change = by_uri[uri]
+                frame = update_frame(uri, change.meta, change_id)
                 frames.extend((sid, frame) for sid in sids)
-        for tenant in listed:
-            frames.extend((sid, LIST_CHANGED) for sid in await self.backend.tenant_sessions(tenant))
+        for tenant, change_id in listed.items():
+            frame = replace(LIST_CHANGED, change=change_id)
+            frames.extend((sid, frame) for sid in await self.backend.tenant_sessions(tenant))
         gone = set(await self.backend.append_frames(frames)) if frames else set()
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does that).
@@ -95,7 +107,7 @@ class Fanout:
                 for uri, sids in subscribers.items():
                     for sid in gone.intersection(sids):
                         await self.backend.remove_subscription(sid, tenant, uri)
-        await self.backend.broadcast(newest(changes))
+        await self.backend.broadcast(newest([change for _, change in batch]))
         await self.backend.ack_changes([change_id for change_id, _ in batch])
         self.processed += len(batch)
 
@@ -117,6 +129,38 @@ class Fanout:
             except Exception:  # must not replace the CancelledError that is ending the task
                 logger.exception("fan-out could not give up its leases; they lapse by themselves")
 
+    async def _process_to_the_end(self, batch: Sequence[tuple[str, Change]]) -> None:
+        """``process``, which a shutdown (a cancellation) lets finish for ``fanout_stop_timeout``.
+
+        A batch cut short after its append leaves its changes pending, and the next holder
+        redoes it: the inboxes skip what they already hold, but listens would hear it twice,
+        and the partition waits for that redo. So a stopping consumer finishes what it has
+        taken, then gives its leases up. Cancellations that come meanwhile (a shutdown repeats
+        them) do not shorten the bound; past it the batch is abandoned to the next holder.
+        """
+        if not batch:
+            return
+        work = asyncio.ensure_future(self.process(batch))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.done():
+                raise
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.fanout_stop_timeout
+            while not work.done() and (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait([work], timeout=left)
+                except asyncio.CancelledError:
+                    continue
+            if not work.done():
+                work.cancel()
+                logger.warning("fan-out stopped with a batch of %d changes unfinished; the next holder redoes it",
+                               len(batch))
+            elif not work.cancelled() and work.exception() is not None:
+                logger.warning("fan-out stopped on a failed batch (%s); the next holder redoes it", work.exception())
+            raise
+
     async def _consume(self) -> None:
         settings = self.settings
         backoff = 0.05
@@ -131,7 +175,7 @@ class Fanout:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
                 batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
-                await self.process(batch)
+                await self._process_to_the_end(batch)
                 failing, attempts = None, 0
                 backoff = 0.05
             except asyncio.CancelledError:

@@ -18,18 +18,19 @@ logger = logging.getLogger(__name__)
 LIST_CHANGED: Final = Frame("l", notification("notifications/resources/list_changed"))
 
 
-def update_frame(uri: str, meta: dict[str, Any] | None = None) -> Frame:
+def update_frame(uri: str, meta: dict[str, Any] | None = None, change: str = "") -> Frame:
     """``notifications/resources/updated`` for ``uri``; a change's ``meta`` goes into ``params._meta``.
 
-    A ``meta`` that cannot be encoded (``ChangeRules`` keeps such changes out of the log, but one
-    may predate the rule) is left out: the notification still says "re-read this", and the batch
-    it came in is not failed, and retried, for every tenant's changes behind it.
+    ``change``: the id of the change behind it, for fan-out (see ``Frame.change``). A ``meta``
+    that cannot be encoded (``ChangeRules`` keeps such changes out of the log, but one may
+    predate the rule) is left out: the notification still says "re-read this", and the batch it
+    came in is not failed, and retried, for every tenant's changes behind it.
     """
     if not meta:
-        return Frame("u:" + uri, notification("notifications/resources/updated", {"uri": uri}))
+        return Frame("u:" + uri, notification("notifications/resources/updated", {"uri": uri}), change)
     try:
         data = notification("notifications/resources/updated", {"uri": uri, "_meta": meta})
     except TypeError:  # orjson.JSONEncodeError: too deep, a type JSON lacks, an integer too large
         logger.error("the meta of a change of %s cannot be encoded; notifying without it", uri)
         data = notification("notifications/resources/updated", {"uri": uri})
-    return Frame("u:" + uri, data)
+    return Frame("u:" + uri, data, change)

@@ -28,6 +28,13 @@ Inboxes
     session in one atomic step per session, so a watcher that registered before reading the
     inbox can never miss a frame (the replay -> live handoff of DESIGN §3). Frames are kept
     while they are among the newest ``inbox_maxlen`` and younger than ``inbox_retention`` seconds.
+    Appends are idempotent per change: a frame that names the change behind it
+    (``Frame.change``) is skipped when an earlier call already appended to that session a frame
+    of the same partition's change at least as new. One consumer at a time fans out a
+    partition, in log order, and a redone batch repeats the same changes in the same order, so
+    what is skipped is exactly a repeat (or a lapsed holder's late frame, which would otherwise
+    cross newer ones). Frames of one call are weighed against what came before the call, so
+    the frames of one change to several URIs all land.
     ``read_inbox`` returns frames strictly after a cursor, in offset order, and reports a
     *gap* when the cursor cannot be honoured: another epoch, an offset older than what is
     retained, or an offset beyond the newest frame (data that was lost).
@@ -89,6 +96,7 @@ __all__ = [
     "Wake",
     "WakeHandler",
     "record_quota_message",
+    "change_position",
 ]
 
 
@@ -105,11 +113,29 @@ class Frame:
 
     ``key`` names what the frame is about (``u:<uri>`` for an update, ``l`` for list_changed);
     a slow reader may keep only the newest frame of each key in a batch, because both are
-    level triggers. ``data`` is the encoded JSON-RPC notification.
+    level triggers. ``data`` is the encoded JSON-RPC notification. ``change`` is the id of the
+    change the frame announces (``''`` for frames no change is behind); only ``append_frames``
+    reads it, it is not stored, and it takes no part in comparisons.
     """
 
     key: str
     data: bytes
+    change: str = field(default="", compare=False)
+
+
+def change_position(change_id: str) -> tuple[str, str] | None:
+    """A change id as (partition, position): positions of one partition compare as strings in log order.
+
+    Ids are ``[<partition>:]<ms>-<seq>`` (a Redis stream id; the memory backend has no
+    partition). The position is both numbers zero-padded to 20 digits, digits only, so a Lua
+    script compares it exactly, without numbers (doubles) and whatever the server's collation.
+    None for an id of another form: such a frame is appended unconditionally.
+    """
+    partition, _, entry = change_id.rpartition(":")
+    ms, _, seq = entry.partition("-")
+    if not (entry.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 20 and len(seq) <= 20):
+        return None
+    return partition, ms.rjust(20, "0") + seq.rjust(20, "0")
 
 
 @dataclass(slots=True)
@@ -251,7 +277,12 @@ class Backend(Protocol):
 
     # -- inboxes and wake-ups ------------------------------------------------------------
     async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
-        """Append ``(session_id, frame)`` pairs; returns the session ids that no longer exist."""
+        """Append ``(session_id, frame)`` pairs; returns the session ids that no longer exist.
+
+        A frame whose ``change`` is not newer than the newest change of its partition that an
+        earlier call appended to the session is skipped (see "Inboxes" above): it takes no
+        offset and wakes nobody.
+        """
 
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead: ...
 

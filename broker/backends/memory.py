@@ -28,6 +28,7 @@ from broker.backends.base import (
     StreamStart,
     Wake,
     WakeHandler,
+    change_position,
     record_quota_message,
 )
 from broker.changes import Change, ChangeKind
@@ -38,13 +39,15 @@ __all__ = ["MemoryBackend"]
 
 
 class _Inbox:
-    __slots__ = ("entries", "head")
+    __slots__ = ("entries", "head", "newest")
 
     def __init__(self) -> None:
         #: (offset, frame, monotonic time of append). Empty until the first frame: a deque
         #: preallocates a block (760 bytes), too much for every session that is only idle.
         self.entries: deque[tuple[int, Frame, float]] | tuple[()] = ()
         self.head = 0
+        #: partition -> position of the newest change appended (see ``append_frames``); None until one is.
+        self.newest: dict[str, str] | None = None
 
 
 class MemoryBackend:
@@ -200,11 +203,26 @@ class MemoryBackend:
         gone: list[str] = []
         now = time.monotonic()
         maxlen = self.settings.inbox_maxlen
+        positions: dict[str, tuple[str, str] | None] = {}
+        #: What this call appends is weighed against what came before it, not against itself:
+        #: one change's frames for several URIs of a session all land.
+        advanced: dict[tuple[_Inbox, str], str] = {}
         for sid, frame in batch:
             inbox = self._inboxes.get(sid)
             if inbox is None:
                 gone.append(sid)
                 continue
+            if frame.change:
+                if frame.change in positions:
+                    position = positions[frame.change]
+                else:
+                    position = positions[frame.change] = change_position(frame.change)
+                if position is not None:
+                    partition, at = position
+                    if inbox.newest is not None and at <= inbox.newest.get(partition, ""):
+                        continue  # a change this session was given already: a redone batch
+                    if at > advanced.get((inbox, partition), ""):
+                        advanced[(inbox, partition)] = at
             inbox.head += 1
             entries = inbox.entries
             if not isinstance(entries, deque):
@@ -214,6 +232,10 @@ class MemoryBackend:
                 entries.popleft()
             for handler in self._watchers.get(sid, ()):
                 handler(Wake("frames", inbox.head, frame=frame))
+        for (inbox, partition), at in advanced.items():
+            if inbox.newest is None:
+                inbox.newest = {}
+            inbox.newest[partition] = at
         return gone
 
     async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:

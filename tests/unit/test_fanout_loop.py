@@ -83,3 +83,61 @@ async def test_a_batch_that_failed_is_fanned_out_again_before_anything_newer() -
             await task
     assert [n for data in backend.appended for n in range(3) if f'"n":{n}'.encode() in data] == [0, 1, 2]
     await backend.close()
+
+
+class AppendsSlowly(MemoryBackend):
+    """An append that takes until ``go`` is set: a stop can arrive while it is under way."""
+
+    def __init__(self, s: Settings) -> None:
+        super().__init__(s)
+        self.appending = asyncio.Event()
+        self.go = asyncio.Event()
+        self.broadcasts = 0
+
+    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        self.appending.set()
+        await self.go.wait()
+        return await super().append_frames(batch)
+
+    async def broadcast(self, changes: Sequence[Change]) -> None:
+        self.broadcasts += 1
+        await super().broadcast(changes)
+
+
+async def started_mid_append(backend: AppendsSlowly, s: Settings) -> asyncio.Task[None]:
+    await backend.start()
+    record = SessionRecord(id="s1", tenant="t", principal="t/anon", protocol_version="2025-11-25",
+                           epoch=backend.epoch, created_at=time.time())
+    await backend.create_session(record)
+    await backend.add_subscription(record.id, "t", "x:a")
+    await backend.publish(Change("t", "x:a"))
+    task = asyncio.create_task(Fanout(s, backend).run())
+    await asyncio.wait_for(backend.appending.wait(), 5)
+    return task
+
+
+async def test_a_stopping_fanout_finishes_the_batch_in_hand_before_it_gives_up_its_lease() -> None:
+    """Cut short after its append, the batch would be redone by the next holder: listens would hear it twice."""
+    s = settings()
+    backend = AppendsSlowly(s)
+    task = await started_mid_append(backend, s)
+    task.cancel()  # the worker is stopping (SIGTERM)
+    task.cancel()  # and a shutdown cancels again while it waits
+    backend.go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert len((await backend.read_inbox("s1", backend.epoch, 0, 10)).frames) == 1
+    assert backend.broadcasts == 1
+    assert await backend.read_changes("next-holder", 10, 0) == []  # acknowledged: nothing to redo
+    await backend.close()
+
+
+async def test_a_batch_that_cannot_finish_holds_a_stop_up_no_longer_than_the_stop_timeout() -> None:
+    s = settings().model_copy(update={"fanout_stop_timeout": 0.1})
+    backend = AppendsSlowly(s)
+    task = await started_mid_append(backend, s)  # and the append never ends
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert task in done and task.cancelled()
+    assert [change.uri for _, change in await backend.read_changes("next-holder", 10, 0)] == ["x:a"]  # redone there
+    await backend.close()

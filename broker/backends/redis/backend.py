@@ -63,7 +63,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
@@ -88,6 +88,7 @@ from broker.backends.redis.codec import (
     decode_session,
     encode_changes,
     encode_frame,
+    encode_mark,
     encode_session,
     encode_session_fields,
     entry_offset,
@@ -434,13 +435,14 @@ class RedisBackend:
 
     # -- inboxes and wake-ups ------------------------------------------------------------
     async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
-        per_session: dict[str, list[bytes]] = {}
-        packed: dict[int, bytes] = {}  # fan-out shares one Frame among its subscribers: pack it once
+        """Per frame the script gets its change's mark (see ``inbox_append.lua``) and the packed frame."""
+        per_session: dict[str, list[bytes | str]] = {}
+        packed: dict[int, tuple[str, bytes]] = {}  # fan-out shares one Frame among its subscribers: pack it once
         for sid, frame in batch:
-            data = packed.get(id(frame))
-            if data is None:
-                data = packed[id(frame)] = encode_frame(frame)
-            per_session.setdefault(sid, []).append(data)
+            pair = packed.get(id(frame))
+            if pair is None:
+                pair = packed[id(frame)] = (encode_mark(frame.change), encode_frame(frame))
+            per_session.setdefault(sid, []).extend(pair)
         if not per_session:
             return []
         now_ms = int(time.time() * 1000)
@@ -460,36 +462,44 @@ class RedisBackend:
                 for sid in sids[start : start + per_call]:
                     session_keys = self.keys.session(sid)
                     keys += [session_keys.meta, session_keys.inbox, session_keys.wake]
-                    frames = per_session[sid]
-                    args.append(len(frames))
-                    args += frames
+                    marked = per_session[sid]
+                    args.append(len(marked) // 2)
+                    args += marked
                 calls.call(self.scripts.inbox_append, keys, args)
             results = await calls.execute()
             replies = [value for result in results for value in result]
-            heads = [int(h) for h in replies[0::2]]
+            heads = [int(h) for h in replies[0::3]]
             if not self.cluster:
-                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::2]], per_session)
+                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::3]],
+                                          per_session, replies[2::3])
         return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
 
     async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
-                             frames: dict[str, list[bytes]]) -> None:
+                             marked: dict[str, list[bytes | str]], skipped: list[list[int]]) -> None:
         """The wake-ups of a whole batch, per worker node, in messages of bounded size, after the appends.
 
         Publishing after the append script (rather than inside it) keeps the handoff: a stream
         registers its node before it reads the inbox, so a frame appended later is either in
-        that read or announced to the node afterwards. A session whose frames are larger than
-        ``wake_frame_max_bytes`` gets a frameless wake and reads them from its inbox: one large
-        change watched by many streams on a worker must not reach Redis's pub/sub buffer limit,
-        which drops the worker's connection and makes every stream of it re-read.
+        that read or announced to the node afterwards. Frames the script skipped (repeats) are
+        not announced. A session whose frames are larger than ``wake_frame_max_bytes`` gets a
+        frameless wake and reads them from its inbox: one large change watched by many streams
+        on a worker must not reach Redis's pub/sub buffer limit, which drops the worker's
+        connection and makes every stream of it re-read.
         """
         settings = self.settings
         frame_max = min(settings.wake_frame_max_bytes, settings.wake_message_max_bytes // 2)
         by_node: dict[str, list[NodeWake]] = {}
-        for sid, head, node in zip(sids, heads, nodes, strict=True):
+        for sid, head, node, skips in zip(sids, heads, nodes, skipped, strict=True):
             if head >= 0 and node:
-                packed = b"".join(frames[sid])
+                frames = cast("list[bytes]", marked[sid][1::2])
+                if skips:
+                    left_out = {int(i) - 1 for i in skips}
+                    frames = [data for i, data in enumerate(frames) if i not in left_out]
+                if not frames:
+                    continue
+                packed = b"".join(frames)
                 entry: NodeWake = (sid, head, None) if len(packed) > frame_max else (
-                    sid, head - len(frames[sid]) + 1, packed)
+                    sid, head - len(frames) + 1, packed)
                 by_node.setdefault(node, []).append(entry)
         if by_node:
             batch = Batch(self.redis)

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from broker.backends.base import CLOSE_ALL, Frame, SessionRecord, Wake
+from broker.backends.base import CLOSE_ALL, Frame, SessionRecord, Wake, change_position
 from broker.changes import Change
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "encode_change",
     "encode_changes",
     "encode_frame",
+    "encode_mark",
     "encode_session",
     "encode_session_fields",
     "entry_offset",
@@ -97,6 +98,12 @@ def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord
 def encode_frame(frame: Frame) -> bytes:
     packed: bytes = msgpack.packb((frame.key, frame.data))
     return packed
+
+
+def encode_mark(change_id: str) -> str:
+    """What ``inbox_append.lua`` compares a frame's change by: its position, then its partition ('' for none)."""
+    position = change_position(change_id) if change_id else None
+    return "" if position is None else position[1] + position[0]
 
 
 def _frames(packed: bytes) -> Iterator[Frame]:

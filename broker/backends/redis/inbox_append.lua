@@ -1,15 +1,23 @@
 -- KEYS: meta, inbox, wake channel of session 1, then of session 2, ... (three per session).
 -- ARGV: publish command (SPUBLISH or PUBLISH) or '' (the caller publishes), maxlen, now_ms,
---       cutoff_ms, then for each session its frame count followed by its packed frames.
--- Per session, atomically: the frames get offsets head+1.. as entry ids '<offset>-0', entries
--- older than the cutoff are trimmed (a bounded amount per call), and, with a publish command,
--- one wake-up 'F<first offset>:<packed frames>' goes to the session's channel. Nothing is
--- written for a session that is gone. Returns, per session, its new head (-1 when gone) and
--- the worker node that watches it ('' when none): without a publish command, the caller sends
--- the wake-ups of a whole batch to each node in one message, after this script.
+--       cutoff_ms, then for each session its frame count followed by, per frame, its change
+--       mark and its packed frame. A mark is '' (no change behind the frame) or the change's
+--       position (40 digits: stream id ms and seq, each zero-padded to 20) and its partition.
+-- Per session, atomically: a frame whose change is not newer than the newest change of its
+-- partition that an earlier call appended to the session (hash field 'c<partition>') is
+-- skipped: a redone batch repeats the same changes in the same order, so it is a repeat.
+-- Frames of this call are weighed against what came before it, so one change's frames for
+-- several URIs all land. Positions are compared as strings of equal length and digits only.
+-- The other frames get offsets head+1.. as entry ids '<offset>-0', entries older than the
+-- cutoff are trimmed (a bounded amount per call), and, with a publish command, one wake-up
+-- 'F<first offset>:<packed frames>' goes to the session's channel. Nothing is written for a
+-- session that is gone. Returns, per session, its new head (-1 when gone), the worker node
+-- that watches it ('' when none) and the (1-based) numbers of the frames it skipped: without
+-- a publish command, the caller sends the wake-ups of a whole batch to each node in one
+-- message, after this script.
 -- In Redis Cluster a call holds one session (its keys share a hash tag) and publishes itself;
 -- on a single node fan-out sends many sessions per call.
-local heads = {}
+local results = {}
 local at = 5
 local cutoff = tonumber(ARGV[4])
 for s = 1, #KEYS / 3 do
@@ -17,39 +25,97 @@ for s = 1, #KEYS / 3 do
   local n = tonumber(ARGV[at])
   local ttl = redis.call('PTTL', KEYS[k - 2])
   if ttl < 0 then
-    heads[2 * s - 1] = -1
-    heads[2 * s] = ''
+    results[k - 2] = -1
+    results[k - 1] = ''
+    results[k] = {}
   else
-    local head = redis.call('HINCRBY', KEYS[k - 2], 'head', n)
-    local first = head - n + 1
-    local payload = {}
+    -- The first marked frame's field is read with head and node, in one call: fan-out sends
+    -- one partition per session, so that is usually the only read.
+    local first_field = nil
     for i = 1, n do
-      local frame = ARGV[at + i]
-      redis.call('XADD', KEYS[k - 1], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', frame)
-      payload[i] = frame
+      local mark = ARGV[at + 2 * i - 1]
+      if mark ~= '' then
+        first_field = 'c' .. string.sub(mark, 41)
+        break
+      end
     end
-    redis.call('PEXPIRE', KEYS[k - 1], ttl)
-    local oldest = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 1)
-    if oldest[1] and tonumber(oldest[1][2][2]) < cutoff then
-      local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
-      local keep = nil
-      for _, entry in ipairs(entries) do
-        if tonumber(entry[2][2]) >= cutoff then keep = entry[1] break end
+    local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head')
+    local head = tonumber(got[1]) or 0
+    local node = got[2] or ''
+    local before = {} -- field -> position stored before this call
+    local newest = {} -- field -> newest position of this call
+    if first_field then
+      before[first_field] = got[3] or ''
+      newest[first_field] = before[first_field]
+    end
+    local kept = {}
+    local skipped = {}
+    for i = 1, n do
+      local mark = ARGV[at + 2 * i - 1]
+      local keep = true
+      if mark ~= '' then
+        local field = 'c' .. string.sub(mark, 41)
+        local position = string.sub(mark, 1, 40)
+        local stored = before[field]
+        if stored == nil then
+          stored = redis.call('HGET', KEYS[k - 2], field) or ''
+          before[field] = stored
+          newest[field] = stored
+        end
+        if position <= stored then
+          keep = false
+        elseif position > newest[field] then
+          newest[field] = position
+        end
       end
       if keep then
-        redis.call('XTRIM', KEYS[k - 1], 'MINID', keep)
-      elseif #entries < 256 then
-        redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+        kept[#kept + 1] = ARGV[at + 2 * i]
       else
-        redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+        skipped[#skipped + 1] = i
       end
     end
-    if ARGV[1] ~= '' then
-      redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. table.concat(payload))
+    local fields = {}
+    for field, position in pairs(newest) do
+      if position ~= before[field] then
+        fields[#fields + 1] = field
+        fields[#fields + 1] = position
+      end
     end
-    heads[2 * s - 1] = head
-    heads[2 * s] = redis.call('HGET', KEYS[k - 2], 'node') or ''
+    if #kept > 0 then
+      local first = head + 1
+      head = head + #kept
+      fields[#fields + 1] = 'head'
+      fields[#fields + 1] = head
+      for i = 1, #kept do
+        redis.call('XADD', KEYS[k - 1], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', kept[i])
+      end
+      redis.call('PEXPIRE', KEYS[k - 1], ttl)
+      local oldest = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 1)
+      if oldest[1] and tonumber(oldest[1][2][2]) < cutoff then
+        local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
+        local keep = nil
+        for _, entry in ipairs(entries) do
+          if tonumber(entry[2][2]) >= cutoff then keep = entry[1] break end
+        end
+        if keep then
+          redis.call('XTRIM', KEYS[k - 1], 'MINID', keep)
+        elseif #entries < 256 then
+          redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+        else
+          redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+        end
+      end
+      if ARGV[1] ~= '' then
+        redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. table.concat(kept))
+      end
+    end
+    if #fields > 0 then
+      redis.call('HSET', KEYS[k - 2], unpack(fields))
+    end
+    results[k - 2] = head
+    results[k - 1] = node
+    results[k] = skipped
   end
-  at = at + n + 1
+  at = at + 2 * n + 1
 end
-return heads
+return results
