@@ -7,8 +7,9 @@ that dies before acknowledging leaves its batch pending; another claims it after
 ``fanout_claim_idle_ms``. Fan-out is therefore at least once, but inbox appends are
 idempotent: every frame names the change behind it, and an inbox skips a frame of a change no
 newer than the newest of that partition it already holds (``Backend.append_frames``), so a
-redone batch adds nothing twice to a session. Listens have no such memory: a batch redone after
-its broadcast went out reaches them again (harmless, every notification is a level trigger).
+redone batch adds nothing twice to a session. The broadcast to listens carries the same ids,
+and each process hands a change on at most once (``BroadcastFilter``), so a batch redone after
+its broadcast went out does not reach a listen twice either.
 
 A consumer stopped for shutdown (its task cancelled) finishes the batch in hand, for at most
 ``fanout_stop_timeout`` seconds, before it gives its leases up: the next holder then has no
@@ -64,13 +65,14 @@ def plan(batch: Sequence[tuple[str, Change]]) -> tuple[dict[str, dict[str, tuple
     return updates, listed
 
 
-def newest(changes: Sequence[Change]) -> list[Change]:
-    """The batch as listens need it: the newest change of each URI (and kind of change), in order."""
-    latest: dict[tuple[str, str, bool], Change] = {}
-    for change in changes:
+def newest(batch: Sequence[tuple[str, Change]]) -> list[tuple[str, Change]]:
+    """The batch as listens need it: the newest change of each URI (and kind of change), with its
+    id, in order (so ids still grow along the list, per partition)."""
+    latest: dict[tuple[str, str, bool], tuple[str, Change]] = {}
+    for change_id, change in batch:
         key = (change.tenant, change.uri, change.kind is ChangeKind.UPDATED)
         latest.pop(key, None)
-        latest[key] = change
+        latest[key] = (change_id, change)
     return list(latest.values())
 
 
@@ -107,7 +109,7 @@ class Fanout:
                 for uri, sids in subscribers.items():
                     for sid in gone.intersection(sids):
                         await self.backend.remove_subscription(sid, tenant, uri)
-        await self.backend.broadcast(newest([change for _, change in batch]))
+        await self.backend.broadcast(newest(batch))
         await self.backend.ack_changes([change_id for change_id, _ in batch])
         self.processed += len(batch)
 

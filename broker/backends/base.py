@@ -60,7 +60,11 @@ Listen broadcast
     this process may have been lost (on Redis, its pub/sub connection dropped), the ``on_lost``
     callback given to ``on_broadcast`` is called once the broadcast channel is subscribed again,
     so that every broadcast from then on arrives; the caller resynchronises its listens. A
-    backend that cannot lose a broadcast (memory) never calls it.
+    backend that cannot lose a broadcast (memory) never calls it. Each change is broadcast with
+    its id, and a process hands a change to its handlers at most once: one that is not newer
+    than the newest it handed on from the same partition is a repeat (a batch redone after its
+    broadcast went out) or a lapsed holder's late batch, and is dropped, so listens get no
+    duplicate and no crossing either.
 
 Records
     JSON records of the built-in collections. ``write_record`` and ``delete_record`` store the
@@ -86,6 +90,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLOSE_ALL",
     "Backend",
+    "BroadcastFilter",
     "BroadcastHandler",
     "BroadcastLostHandler",
     "Frame",
@@ -136,6 +141,32 @@ def change_position(change_id: str) -> tuple[str, str] | None:
     if not (entry.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 20 and len(seq) <= 20):
         return None
     return partition, ms.rjust(20, "0") + seq.rjust(20, "0")
+
+
+class BroadcastFilter:
+    """Which broadcast changes a process has not handed on yet: the newest position per partition.
+
+    Fan-out broadcasts a partition's changes in log order (one holder at a time), so a change
+    whose position is not beyond the newest one seen from its partition was handed on already
+    (a redone batch) or is older than one that was (a lapsed holder's late batch). Changes
+    with an id of another form always pass. A dict entry per partition: nothing per change.
+    """
+
+    __slots__ = ("_newest",)
+
+    def __init__(self) -> None:
+        self._newest: dict[str, str] = {}
+
+    def fresh(self, change_id: str) -> bool:
+        position = change_position(change_id)
+        if position is None:
+            return True
+        partition, at = position
+        if at <= self._newest.get(partition, ""):
+            return False
+        self._newest[partition] = at
+        return True
+
 
 
 @dataclass(slots=True)
@@ -331,7 +362,8 @@ class Backend(Protocol):
 
     async def release_changes(self, consumer: str) -> None: ...
 
-    async def broadcast(self, changes: Sequence[Change]) -> None: ...
+    async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
+        """Hand ``(change id, change)`` pairs, in log order per partition, to every process's handlers."""
 
     async def on_broadcast(self, handler: BroadcastHandler,
                            on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from broker.backends.base import (
     CLOSE_ALL,
+    BroadcastFilter,
     BroadcastHandler,
     BroadcastLostHandler,
     Frame,
@@ -74,6 +75,7 @@ class MemoryBackend:
         self._holder: tuple[str, float] | None = None
         self._log_ready = asyncio.Event()
         self._broadcast: list[BroadcastHandler] = []
+        self._broadcast_filter = BroadcastFilter()
         self._records: dict[tuple[str, str], dict[str, bytes]] = {}
         self._record_ids: dict[tuple[str, str], list[str]] = {}
         #: Each tenant's collection names, sorted: listing them must not scan every tenant's.
@@ -382,9 +384,10 @@ class MemoryBackend:
                 claimed.append((change_id, change))
         return claimed
 
-    async def broadcast(self, changes: Sequence[Change]) -> None:
+    async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
+        fresh = [change for change_id, change in changes if self._broadcast_filter.fresh(change_id)]
         for handler in list(self._broadcast):
-            for change in changes:
+            for change in fresh:
                 handler(change)
 
     async def on_broadcast(self, handler: BroadcastHandler,

@@ -99,7 +99,7 @@ class AppendsSlowly(MemoryBackend):
         await self.go.wait()
         return await super().append_frames(batch)
 
-    async def broadcast(self, changes: Sequence[Change]) -> None:
+    async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
         self.broadcasts += 1
         await super().broadcast(changes)
 

@@ -69,6 +69,7 @@ from redis.exceptions import ResponseError
 
 from broker.backends.base import (
     CLOSE_ALL,
+    BroadcastFilter,
     BroadcastHandler,
     BroadcastLostHandler,
     Frame,
@@ -131,6 +132,7 @@ class RedisBackend:
         self._bus: WakeBus | None = None
         self.watchers = Watchers(self.keys, self.scripts, self._bus_or_fail, cluster=self.cluster)
         self._broadcast: list[BroadcastHandler] = []
+        self._broadcast_filter = BroadcastFilter()
         self._broadcast_lost: dict[BroadcastHandler, BroadcastLostHandler] = {}
         self._broadcasting: asyncio.Task[None] | None = None
         ttl_ms = int(settings.session_ttl * 1000)
@@ -593,14 +595,14 @@ class RedisBackend:
         with unavailable("release_changes"):
             await self.changelog.release(consumer)
 
-    async def broadcast(self, changes: Sequence[Change]) -> None:
+    async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
         if not changes:
             return
         with unavailable("broadcast"):
             await self.redis.execute_command(self.publish_command, self.keys.broadcast, encode_changes(changes))
 
     def _on_broadcast_message(self, payload: bytes) -> None:
-        changes = decode_changes(payload)
+        changes = [change for change_id, change in decode_changes(payload) if self._broadcast_filter.fresh(change_id)]
         for handler in list(self._broadcast):
             for change in changes:
                 handler(change)

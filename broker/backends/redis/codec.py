@@ -154,13 +154,15 @@ def decode_change(packed: bytes) -> Change:
     return Change.from_wire(msgpack.unpackb(packed, raw=False))
 
 
-def encode_changes(changes: Sequence[Change]) -> bytes:
-    packed: bytes = msgpack.packb([change.to_wire() for change in changes])
+def encode_changes(changes: Sequence[tuple[str, Change]]) -> bytes:
+    """A broadcast: each change's wire form with its id under ``i`` (a reader that predates ids ignores it)."""
+    packed: bytes = msgpack.packb([{**change.to_wire(), "i": change_id} for change_id, change in changes])
     return packed
 
 
-def decode_changes(packed: bytes) -> list[Change]:
-    return [Change.from_wire(wire) for wire in msgpack.unpackb(packed, raw=False)]
+def decode_changes(packed: bytes) -> list[tuple[str, Change]]:
+    """``(change id, change)`` pairs of a broadcast; the id is empty in one sent without ids."""
+    return [(wire.get("i", ""), Change.from_wire(wire)) for wire in msgpack.unpackb(packed, raw=False)]
 
 
 #: Bytes a node wake-up entry costs beside its session id and frames (msgpack headers, offset).
