@@ -20,7 +20,7 @@ from broker.protocol.messages import SERVER_INFO_KEY
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import RecordsProvider, RecordStore
 from broker.sessions import Sessions
-from broker.uris import valid_name
+from broker.tenants import tenant_problem
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -92,8 +92,8 @@ class Broker:
             BackendUnavailable: the change could not be stored (it was not accepted).
         """
         tenant = self.settings.default_tenant if tenant is None else tenant
-        if not valid_name(tenant):
-            raise InvalidChange(f"not a tenant name: {tenant!r}")
+        if (problem := tenant_problem(tenant)) is not None:
+            raise InvalidChange(problem)
         return await self.backend.publish(self.rules.change(tenant, uri, kind, meta))
 
     async def start(self) -> None:
