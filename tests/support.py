@@ -56,6 +56,8 @@ class BrokerProcess:
                 env=full_env,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                # A group of its own: ``kill`` takes the worker processes of ``--workers N`` with it.
+                start_new_session=True,
             )
         try:
             wait_until(lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200, what="broker start")
@@ -73,8 +75,8 @@ class BrokerProcess:
         return self.proc.wait(timeout)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the supervisor and every worker it spawned
         self.proc.wait(10)
         if self.proc.stderr is not None:
             self.proc.stderr.close()  # an unclosed pipe is a ResourceWarning, an error under filterwarnings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import socket
 import subprocess
@@ -17,7 +19,8 @@ from broker.changes import Change
 from broker.config import Settings
 from tests.distributed.conftest import Deployment
 from tests.distributed.scenario import any_worker_scenario
-from tests.support import RedisProcess, free_port, wait_until
+from tests.integration.mcp_http import McpSession, SSEStream
+from tests.support import BrokerProcess, RedisProcess, free_port, wait_until
 
 
 def cluster_port() -> int:
@@ -90,3 +93,48 @@ async def test_changes_published_together_keep_each_tenants_order_across_cluster
             assert [c for c in read if c.tenant == tenant] == [c for c in changes if c.tenant == tenant]
     finally:
         await backend.close()
+
+
+async def test_a_large_change_watched_by_many_streams_keeps_the_pubsub_connection_on_a_cluster(
+        cluster: list[RedisProcess]) -> None:
+    # On a Cluster each session's wake-up is published by the append script itself, one message
+    # per session: 45 streams of one worker watching a URI whose change carries 20 kB used to
+    # queue 45 x 20 kB for that worker's pub/sub connections, past the nodes' (scaled down) limit.
+    from redis import Redis
+
+    from tests.distributed.test_wake_size import STREAMS, URI, pubsub_client_ids
+
+    limit = "pubsub 128kb 64kb 0"
+    saved = []
+    for node in cluster:
+        with Redis(port=node.port) as raw:
+            saved.append(raw.config_get("client-output-buffer-limit")["client-output-buffer-limit"])
+            raw.config_set("client-output-buffer-limit", limit)
+    url = f"redis+cluster://127.0.0.1:{cluster[0].port}"
+    try:
+        with BrokerProcess(env={"MCP_BROKER_REDIS_URL": url, "MCP_BROKER_REDIS_PREFIX": f"t{secrets.token_hex(4)}",
+                                "MCP_BROKER_MAX_META_BYTES": "65536",  # an operator allowing large meta
+                                "MCP_BROKER_WAKE_FRAME_MAX_BYTES": "8192"}) as worker:
+            limits = httpx.Limits(max_connections=STREAMS + 10)
+            async with httpx.AsyncClient(base_url=worker.url, timeout=20, limits=limits) as http, \
+                    contextlib.AsyncExitStack() as stack:
+                streams: list[SSEStream] = []
+                for _ in range(STREAMS):
+                    session = await McpSession(http).initialize()
+                    await session.subscribe(URI)
+                    stream = await stack.enter_async_context(session.stream())
+                    await stream.next_event()  # the priming event: the stream is watching
+                    streams.append(stream)
+                before = set().union(*[await pubsub_client_ids(f"redis://127.0.0.1:{n.port}") for n in cluster])
+                meta = {"blob": "x" * 20_000}
+                response = await http.post("/changes", json={"uri": URI, "meta": meta})
+                assert response.status_code == 202, response.text
+                events = await asyncio.gather(*(stream.next_message(timeout=20) for stream in streams))
+                assert all(event.uri == URI and event.message["params"]["_meta"]["blob"] == meta["blob"]
+                           for event in events)
+                after = set().union(*[await pubsub_client_ids(f"redis://127.0.0.1:{n.port}") for n in cluster])
+                assert after == before, "a worker's pub/sub connection was dropped and re-made"
+    finally:
+        for node, value in zip(cluster, saved, strict=True):
+            with Redis(port=node.port) as raw:
+                raw.config_set("client-output-buffer-limit", value)

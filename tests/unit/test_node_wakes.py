@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.backends.base import Frame, Wake
-from broker.backends.redis.codec import NodeWake, decode_node_wakes, encode_frame, split_node_wakes
+from broker.backends.redis.codec import NodeWake, decode_node_wakes, decode_wakes, encode_frame, split_node_wakes
 
 
 def packed(*frames: Frame) -> bytes:
@@ -33,3 +33,8 @@ def test_an_entry_larger_than_the_bound_travels_alone() -> None:
     entries: list[NodeWake] = [("a", 1, packed(Frame("u:x", b"x" * 3000))), ("b", 1, packed(Frame("u:y", b"y")))]
     messages = split_node_wakes(entries, 1024)
     assert [[sid for sid, _ in decode_node_wakes(message)] for message in messages] == [["a"], ["b"]]
+
+
+def test_a_session_wake_without_its_frames_sends_the_stream_to_its_inbox() -> None:
+    # Published by inbox_append.lua on a Cluster when the frames are too large to carry.
+    assert decode_wakes(b"F7:") == [Wake("frames", 7)]

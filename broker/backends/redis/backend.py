@@ -454,7 +454,8 @@ class RedisBackend:
         # go out afterwards, one message per watching worker (see _publish_wakes). In a Cluster
         # a script may only touch one slot, so each session is its own call, publishing itself.
         per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
-        head = [self.publish_command if self.cluster else "", self.settings.inbox_maxlen, now_ms, cutoff_ms]
+        frame_max = min(self.settings.wake_frame_max_bytes, self.settings.wake_message_max_bytes // 2)
+        head = [self.publish_command if self.cluster else "", self.settings.inbox_maxlen, now_ms, cutoff_ms, frame_max]
         sids = list(per_session)
         with unavailable("append_frames"):
             calls = Batch(self.redis)

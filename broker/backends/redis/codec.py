@@ -141,6 +141,8 @@ def decode_wakes(payload: bytes) -> list[Wake]:
         first, sep, packed = payload[1:].partition(b":")
         if sep and first.isdigit():
             start = int(first)
+            if not packed:  # frames too large to carry: the stream reads its inbox up to ``start``
+                return [Wake("frames", start)]
             return [Wake("frames", start + i, frame=frame) for i, frame in enumerate(_frames(packed))]
     return []
 

@@ -1,6 +1,6 @@
 -- KEYS: meta, inbox, wake channel of session 1, then of session 2, ... (three per session).
 -- ARGV: publish command (SPUBLISH or PUBLISH) or '' (the caller publishes), maxlen, now_ms,
---       cutoff_ms, then for each session its frame count followed by, per frame, its change
+--       cutoff_ms, the most frame bytes a wake-up carries, then for each session its frame count followed by, per frame, its change
 --       mark and its packed frame. A mark is '' (no change behind the frame) or the change's
 --       position (40 digits: stream id ms and seq, each zero-padded to 20) and its partition.
 -- Per session, atomically: a frame whose change is not newer than the newest change of its
@@ -10,7 +10,9 @@
 -- several URIs all land. Positions are compared as strings of equal length and digits only.
 -- The other frames get offsets head+1.. as entry ids '<offset>-0', entries older than the
 -- cutoff are trimmed (a bounded amount per call), and, with a publish command, one wake-up
--- 'F<first offset>:<packed frames>' goes to the session's channel. Nothing is written for a
+-- 'F<first offset>:<packed frames>' goes to the session's channel, or 'F<head>:' without the
+-- frames when they are larger than the bound (the stream reads its inbox instead: a large
+-- change watched by many streams of one worker must not fill its pub/sub output buffer). Nothing is written for a
 -- session that is gone. Returns, per session, its new head (-1 when gone), the worker node
 -- that watches it ('' when none) and the (1-based) numbers of the frames it skipped: without
 -- a publish command, the caller sends the wake-ups of a whole batch to each node in one
@@ -18,7 +20,8 @@
 -- In Redis Cluster a call holds one session (its keys share a hash tag) and publishes itself;
 -- on a single node fan-out sends many sessions per call.
 local results = {}
-local at = 5
+local at = 6
+local wake_max = tonumber(ARGV[5])
 local cutoff = tonumber(ARGV[4])
 for s = 1, #KEYS / 3 do
   local k = 3 * s
@@ -106,7 +109,12 @@ for s = 1, #KEYS / 3 do
         end
       end
       if ARGV[1] ~= '' then
-        redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. table.concat(kept))
+        local packed = table.concat(kept)
+        if #packed > wake_max then
+          redis.call(ARGV[1], KEYS[k], 'F' .. head .. ':')
+        else
+          redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. packed)
+        end
       end
     end
     if #fields > 0 then
