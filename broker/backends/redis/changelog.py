@@ -20,7 +20,10 @@ changes to an inbox out of order (a later frame, then an earlier one; a slow rea
 newest frame of a URI would keep the wrong one), and the same on the listen broadcast. So
 ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for
 longer than its heartbeat lasts) loses the partition to the next consumer that asks, which
-first takes over what it left pending (at least once). Each live consumer holds its share of
+first takes over what it left pending (at least once). Reads are fenced by the lease
+(``fanout_read.lua`` checks the holder and reads in one step), so a read that reaches Redis
+after its lease lapsed takes nothing: the changes stay for the holder, never pending to a
+consumer nobody sweeps. Each live consumer holds its share of
 the partitions (see ``_hold``), so fan-out spreads over workers when there are several.
 """
 
@@ -143,13 +146,17 @@ class ChangeLog:
         args = self._append_args(changes)
         reply = await self.scripts.changelog_append(keys=keys, args=args)
         if int(reply[0]) == -2:
-            # Full, perhaps of entries fan-out processed and nobody trimmed yet (fan-out trims
-            # as it acknowledges; a log an older version wrote has no such trimming): trim
-            # what was processed and try once more. Only on this path, so a refusal costs two
-            # calls and an accepted publish one.
-            await self.trim(partition)
-            reply = await self.scripts.changelog_append(keys=keys, args=args)
+            reply = await self._retry_trimmed(partition, changes)
         return self._appended(partition, reply)
+
+    async def _retry_trimmed(self, partition: int, changes: Sequence[Change]) -> Any:
+        """A partition was full, perhaps of entries fan-out processed and nobody trimmed yet (fan-out
+        trims as it acknowledges; a log an older version wrote has no such trimming): trim what was
+        processed and try once more. Only on this path, so a refusal costs two calls and an
+        accepted publish one."""
+        await self.trim(partition)
+        return await self.scripts.changelog_append(keys=[self.keys.log(partition), self.keys.backlog(partition)],
+                                                   args=self._append_args(changes))
 
     async def trim(self, partition: int) -> int:
         """Trim what fan-out processed from a partition; returns the entries left (not yet processed).
@@ -193,6 +200,8 @@ class ChangeLog:
         ids: list[str] = [""] * len(changes)
         refused: PublishRefused | None = None
         for (partition, positions), reply in zip(by_partition.items(), replies, strict=True):
+            if int(reply[0]) == -2:  # full, perhaps of processed entries: as _append does
+                reply = await self._retry_trimmed(partition, [changes[i] for i in positions])
             try:
                 for i, change_id in zip(positions, self._appended(partition, reply), strict=True):
                     ids[i] = change_id
@@ -224,21 +233,48 @@ class ChangeLog:
 
     async def _readgroup(self, consumer: str, partitions: Sequence[int], count: int,
                          block_ms: int | None) -> list[tuple[str, Change]]:
-        streams = {self.keys.log(p): ">" for p in partitions}
-        by_key = {self.keys.log(p): p for p in partitions}
+        """New changes of ``partitions``, read only while ``consumer`` holds each one's lease.
+
+        The read is a script that checks the lease (``fanout_read.lua``): a plain XREADGROUP sent
+        while the lease was held could run after it lapsed and take changes the next holder
+        never sees. With nothing new, it waits (``block_ms``) on a plain XREAD after the newest
+        entry, which takes nothing, and reads once more through the script.
+        """
+        found, newest = await self._fenced_read(consumer, partitions, count)
+        if found or not block_ms or not newest:
+            return found
+        if await self.client.xread({self.keys.log(p): last for p, last in newest.items()}, count=1, block=block_ms):
+            found, _ = await self._fenced_read(consumer, list(newest), count)
+        return found
+
+    async def _fenced_read(self, consumer: str, partitions: Sequence[int],
+                           count: int) -> tuple[list[tuple[str, Change]], dict[int, str]]:
+        """What ``fanout_read.lua`` took from each partition, and the newest entry id of each one still held."""
+        def batch() -> Batch:
+            calls = Batch(self.client)
+            for p in partitions:
+                calls.call(self.scripts.fanout_read, [self.keys.lease(p), self.keys.log(p)],
+                           [consumer, FANOUT_GROUP, count])
+            return calls
+
         try:
-            reply = await self.client.xreadgroup(FANOUT_GROUP, consumer, streams, count=count, block=block_ms)
+            replies = await batch().execute()
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             # The store lost the group (it was flushed or restarted empty): recreate and read again.
             await self.create_groups()
-            reply = await self.client.xreadgroup(FANOUT_GROUP, consumer, streams, count=count, block=block_ms)
+            replies = await batch().execute()
         out: list[tuple[str, Change]] = []
-        for key, entries in reply or ():
-            out += self._parse(by_key[as_text(key)], entries)
+        newest: dict[int, str] = {}
+        for partition, reply in zip(partitions, replies, strict=True):
+            if not int(reply[0]):
+                continue  # the lease lapsed: the next hold finds out, and sweeps if it takes it back
+            newest[partition] = as_text(reply[1])
+            entries = [(entry_id, dict(zip(fields[0::2], fields[1::2], strict=True))) for entry_id, fields in reply[2]]
+            out += self._parse(partition, entries)
         await self._drop_unreadable()
-        return out
+        return out, newest
 
     def _holding_of(self, consumer: str) -> _Holding:
         holding = self._holding.get(consumer)

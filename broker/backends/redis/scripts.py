@@ -30,6 +30,7 @@ NAMES = (
     "record_write",
     "record_delete",
     "partition_lease",
+    "fanout_read",
     "fanout_consumers",
     "changelog_append",
     "changelog_ack",
@@ -60,6 +61,7 @@ class Scripts:
         self.record_write: AsyncScript = loaded["record_write"]
         self.record_delete: AsyncScript = loaded["record_delete"]
         self.partition_lease: AsyncScript = loaded["partition_lease"]
+        self.fanout_read: AsyncScript = loaded["fanout_read"]
         self.fanout_consumers: AsyncScript = loaded["fanout_consumers"]
         self.changelog_append: AsyncScript = loaded["changelog_append"]
         self.changelog_ack: AsyncScript = loaded["changelog_ack"]
