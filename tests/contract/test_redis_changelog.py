@@ -57,3 +57,40 @@ async def test_acknowledging_trims_the_log_and_counts_the_tenant_out() -> None:
         assert not await backend.redis.exists(backend.keys.backlog(0))
     finally:
         await backend.close()
+
+
+async def test_a_tenant_count_that_drifted_above_the_log_is_cut_to_it_not_refused() -> None:
+    # A worker that predates the counts acknowledges with a plain XACK and counts nothing out
+    # (a rolling upgrade): the tenant's count only grows, though fan-out keeps up.
+    backend = bounded()
+    await backend.start()
+    try:
+        for n in range(5):
+            await backend.publish(Change("a", f"x:{n}"))
+        log = backend.keys.log(0)
+        reply = await backend.redis.xreadgroup(FANOUT_GROUP, "old-worker", {log: ">"}, count=100)
+        await backend.redis.xack(log, FANOUT_GROUP, *[entry_id for entry_id, _ in reply[0][1]])
+        await backend.redis.xtrim(log, maxlen=0)
+        await backend.redis.hset(backend.keys.backlog(0), "a", 20)  # as if 20 were still waiting
+        assert await backend.publish(Change("a", "x:after"))
+        assert await backend.redis.hget(backend.keys.backlog(0), "a") == b"1"
+        await backend.write_record("a", "c", "r1", b"{}", Change("a", "mcpb://a/c/r1"))
+    finally:
+        await backend.close()
+
+
+async def test_a_read_that_arrives_after_its_lease_lapsed_takes_nothing_from_the_new_holder() -> None:
+    # A consumer renewed its lease, then its read reached Redis late (an event-loop stall, a
+    # network that held the command back) after another consumer took the partition over. Had
+    # the read taken changes, they would sit pending to a consumer the new holder never sweeps.
+    backend = bounded(fanout_claim_idle_ms=60_000)
+    await backend.start()
+    try:
+        ids = [await backend.publish(Change("a", f"x:{n}")) for n in range(5)]
+        log = backend.changelog
+        await backend.redis.set(backend.keys.lease(0), "new-holder", px=60_000)
+        assert await log._readgroup("late-reader", [0], 10, None) == []
+        taken = await backend.read_changes("new-holder", 10, 0)
+        assert [change_id for change_id, _ in taken] == ids
+    finally:
+        await backend.close()

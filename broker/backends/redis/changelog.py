@@ -23,8 +23,8 @@ longer than its heartbeat lasts) loses the partition to the next consumer that a
 first takes over what it left pending (at least once). Reads are fenced by the lease
 (``fanout_read.lua`` checks the holder and reads in one step), so a read that reaches Redis
 after its lease lapsed takes nothing: the changes stay for the holder, never pending to a
-consumer nobody sweeps. Each live consumer holds its share of
-the partitions (see ``_hold``), so fan-out spreads over workers when there are several.
+consumer nobody sweeps. Each live consumer holds its share of the partitions (see ``_hold``),
+so fan-out spreads over workers when there are several.
 """
 
 from __future__ import annotations

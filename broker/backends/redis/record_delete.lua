@@ -5,8 +5,10 @@
 -- (nothing deleted) when the log or the tenant's share of it is full (see record_write.lua).
 local size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
 if size == 0 then return 0 end
-if redis.call('XLEN', KEYS[4]) >= tonumber(ARGV[3]) then return -4 end
-if tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0') >= tonumber(ARGV[5]) then return -5 end
+local entries = redis.call('XLEN', KEYS[4])
+if entries >= tonumber(ARGV[3]) then return -4 end
+-- A tenant's count above the log's length drifted (see changelog_append.lua): cut to it.
+if math.min(tonumber(redis.call('HGET', KEYS[6], ARGV[6]) or '0'), entries) >= tonumber(ARGV[5]) then return -5 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 -- Records stored before usage was counted are not in it: never count below zero.
 if redis.call('HINCRBY', KEYS[5], 'n', -1) < 0 then redis.call('HSET', KEYS[5], 'n', 0) end
