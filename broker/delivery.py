@@ -407,10 +407,17 @@ class Listen(_Stream):
         """Queue a notification; a newer one for the same key replaces the pending one in place.
 
         ``meta`` (the change's) joins the subscription id in ``params._meta``; the id wins a clash.
+        A ``meta`` that cannot be encoded (one that predates the publish rules) is left out, as
+        fan-out does for inboxes: the notification still says "re-read this".
         """
         if self.ended is None:
             stamp = {**meta, **self._stamp} if meta else self._stamp
-            self.pending[key] = messages.notification(method, {"_meta": stamp, **params})
+            try:
+                data = messages.notification(method, {"_meta": stamp, **params})
+            except TypeError:  # orjson.JSONEncodeError
+                logger.error("the meta of a change of %s cannot be encoded; notifying a listen without it", key)
+                data = messages.notification(method, {"_meta": self._stamp, **params})
+            self.pending[key] = data
             self.active = True
             self._wake()
 

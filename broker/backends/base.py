@@ -78,6 +78,7 @@ Errors
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -102,7 +103,10 @@ __all__ = [
     "WakeHandler",
     "record_quota_message",
     "change_position",
+    "deliver_broadcast",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def record_quota_message(settings: Settings, *, count: bool) -> str:
@@ -141,6 +145,16 @@ def change_position(change_id: str) -> tuple[str, str] | None:
     if not (entry.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 20 and len(seq) <= 20):
         return None
     return partition, ms.rjust(20, "0") + seq.rjust(20, "0")
+
+
+def deliver_broadcast(handlers: Sequence[BroadcastHandler], changes: Sequence[Change]) -> None:
+    """Hand each change to each handler; one that fails costs that change and that handler alone."""
+    for handler in list(handlers):
+        for change in changes:
+            try:
+                handler(change)
+            except Exception:  # a handler's bug must not cost every other listen the rest of the batch
+                logger.exception("a broadcast handler failed on a change of %s", change.uri)
 
 
 class BroadcastFilter:

@@ -30,6 +30,7 @@ from broker.backends.base import (
     Wake,
     WakeHandler,
     change_position,
+    deliver_broadcast,
     record_quota_message,
 )
 from broker.changes import Change, ChangeKind
@@ -385,10 +386,8 @@ class MemoryBackend:
         return claimed
 
     async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
-        fresh = [change for change_id, change in changes if self._broadcast_filter.fresh(change_id)]
-        for handler in list(self._broadcast):
-            for change in fresh:
-                handler(change)
+        deliver_broadcast(self._broadcast, [change for change_id, change in changes
+                                            if self._broadcast_filter.fresh(change_id)])
 
     async def on_broadcast(self, handler: BroadcastHandler,
                            on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:

@@ -591,6 +591,24 @@ async def test_broadcast_changes_reach_every_handler_until_it_is_removed(backend
     await remove_second()
 
 
+async def test_a_handler_that_fails_on_one_change_costs_no_other_change_or_handler(backend: Backend) -> None:
+    seen: asyncio.Queue[Change] = asyncio.Queue()
+    failing_saw: list[str] = []
+
+    def failing(change: Change) -> None:
+        failing_saw.append(change.uri)
+        if change.uri == "x:bad":
+            raise TypeError("cannot encode")
+
+    remove_failing = await backend.on_broadcast(failing)
+    remove_seen = await backend.on_broadcast(seen.put_nowait)
+    await backend.broadcast([("0:1-0", Change("t", "x:bad")), ("0:2-0", Change("t", "x:good"))])
+    assert [(await asyncio.wait_for(seen.get(), TIMEOUT)).uri for _ in range(2)] == ["x:bad", "x:good"]
+    assert failing_saw == ["x:bad", "x:good"]
+    await remove_failing()
+    await remove_seen()
+
+
 async def test_a_redone_broadcast_reaches_the_handlers_once(backend: Backend) -> None:
     # Fan-out redoes a batch whose broadcast went out (its acknowledgement was lost), and a
     # lapsed holder's batch may arrive after its successor's: neither reaches a listen again.

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from broker.backends.base import Frame, Wake
-from broker.backends.redis.codec import NodeWake, decode_node_wakes, decode_wakes, encode_frame, split_node_wakes
+from broker.backends.redis.codec import (
+    NodeWake,
+    decode_changes,
+    decode_node_wakes,
+    decode_wakes,
+    encode_changes,
+    encode_frame,
+    split_node_wakes,
+)
+from broker.changes import Change
 
 
 def packed(*frames: Frame) -> bytes:
@@ -38,3 +47,11 @@ def test_an_entry_larger_than_the_bound_travels_alone() -> None:
 def test_a_session_wake_without_its_frames_sends_the_stream_to_its_inbox() -> None:
     # Published by inbox_append.lua on a Cluster when the frames are too large to carry.
     assert decode_wakes(b"F7:") == [Wake("frames", 7)]
+
+
+def test_a_broadcast_is_cut_into_messages_of_bounded_size_in_order() -> None:
+    changes = [(f"0:{n}-0", Change("t", f"x:{n}", meta={"blob": "x" * 300})) for n in range(100)]
+    messages = encode_changes(changes, 4096)
+    assert len(messages) > 1 and all(len(message) <= 4096 for message in messages)
+    assert [pair for message in messages for pair in decode_changes(message)] == changes
+    assert len(encode_changes(changes[:1], 10)) == 1  # a change larger than the bound travels alone

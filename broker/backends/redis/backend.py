@@ -78,6 +78,7 @@ from broker.backends.base import (
     StreamClaim,
     StreamStart,
     WakeHandler,
+    deliver_broadcast,
 )
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog import ChangeLog
@@ -194,8 +195,13 @@ class RedisBackend:
         return epoch
 
     def _data_lost(self, epoch: str) -> None:
-        """Count and log a store that lost its data: changes not yet fanned out went with it."""
+        """Count and log a store that lost its data: changes not yet fanned out went with it.
+
+        The broadcast filter starts afresh: a new log's ids owe nothing to the old one's (a
+        server whose clock is behind would issue lower ones, which the filter would drop).
+        """
         self.data_losses += 1
+        self._broadcast_filter = BroadcastFilter()
         backlog = sum(self.changelog.backlog.values())
         logger.warning("redis epoch changed from %s to %s: its data was lost, with every change not yet fanned "
                        "out (%d when this worker last acknowledged; data losses seen by this worker: %d)",
@@ -597,16 +603,24 @@ class RedisBackend:
             await self.changelog.release(consumer)
 
     async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
+        """One message per ``wake_message_max_bytes`` of changes: every worker's pub/sub connection
+        receives each one, and a batch of large ``meta`` in one message could pass Redis's output
+        buffer limit for subscribers and drop them all."""
         if not changes:
             return
         with unavailable("broadcast"):
-            await self.redis.execute_command(self.publish_command, self.keys.broadcast, encode_changes(changes))
+            messages = encode_changes(changes, self.settings.wake_message_max_bytes)
+            if len(messages) == 1:
+                await self.redis.execute_command(self.publish_command, self.keys.broadcast, messages[0])
+                return
+            batch = Batch(self.redis)
+            for message in messages:
+                batch.pipe.execute_command(self.publish_command, self.keys.broadcast, message)
+            await batch.execute()
 
     def _on_broadcast_message(self, payload: bytes) -> None:
         changes = [change for change_id, change in decode_changes(payload) if self._broadcast_filter.fresh(change_id)]
-        for handler in list(self._broadcast):
-            for change in changes:
-                handler(change)
+        deliver_broadcast(self._broadcast, changes)
 
     async def on_broadcast(self, handler: BroadcastHandler,
                            on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:

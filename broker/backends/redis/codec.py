@@ -156,10 +156,31 @@ def decode_change(packed: bytes) -> Change:
     return Change.from_wire(msgpack.unpackb(packed, raw=False))
 
 
-def encode_changes(changes: Sequence[tuple[str, Change]]) -> bytes:
-    """A broadcast: each change's wire form with its id under ``i`` (a reader that predates ids ignores it)."""
-    packed: bytes = msgpack.packb([{**change.to_wire(), "i": change_id} for change_id, change in changes])
-    return packed
+def encode_changes(changes: Sequence[tuple[str, Change]], max_bytes: int) -> list[bytes]:
+    """A broadcast, as messages of at most ``max_bytes`` (a change larger than that travels alone).
+
+    Each message is a msgpack list of the changes' wire forms, each with its id under ``i`` (a
+    reader that predates ids ignores it); the changes keep their order across the messages.
+    """
+    items = [msgpack.packb({**change.to_wire(), "i": change_id}) for change_id, change in changes]
+    messages: list[bytes] = []
+    start, size = 0, 0
+    for end, item in enumerate(items):
+        if end > start and size + len(item) + _LIST_HEADER > max_bytes:
+            messages.append(_packed_list(items[start:end]))
+            start, size = end, 0
+        size += len(item)
+    messages.append(_packed_list(items[start:]))
+    return messages
+
+
+#: Bytes of a msgpack list header, at most.
+_LIST_HEADER = 5
+
+
+def _packed_list(items: Sequence[bytes]) -> bytes:
+    header: bytes = msgpack.Packer().pack_array_header(len(items))
+    return header + b"".join(items)
 
 
 def decode_changes(packed: bytes) -> list[tuple[str, Change]]:
