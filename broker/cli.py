@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from broker.config import Settings
     from broker.server import BrokerServer, run_workers
     from broker.transport.wire import WireLimits, protocol_factory
 
@@ -27,9 +29,10 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
-    settings = _settings()
-    if settings is None:
+    if problem := _settings_problem():  # --host and --port, as MCP_BROKER_HOST and _PORT, may be bad
+        print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
         return 2
+    settings = Settings()
     if (warning := rebinding_warning(settings)) is not None:
         logger.warning(warning)
     config = uvicorn.Config(
@@ -52,23 +55,6 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         BrokerServer(config).run()
     return 0
-
-
-def _settings() -> Settings | None:
-    """The settings, or None after one line on stderr naming each bad one."""
-    from pydantic import ValidationError
-    from pydantic_settings import SettingsError
-
-    from broker.config import Settings
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        bad = "; ".join(f"MCP_BROKER_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors() if e["loc"])
-        print(f"mcp-broker: bad setting: {bad}", file=sys.stderr)
-    except SettingsError as exc:  # a value that is not the JSON its setting needs
-        print(f"mcp-broker: bad setting: {exc}", file=sys.stderr)
-    return None
 
 
 def rebinding_warning(settings: Settings) -> str | None:
@@ -144,6 +130,7 @@ def _publish(args: argparse.Namespace) -> int:
 def _settings_problem() -> str | None:
     """One line naming what is wrong with the ``MCP_BROKER_*`` settings, or None."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from broker.config import Settings
 
@@ -154,7 +141,17 @@ def _settings_problem() -> str | None:
         name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
         message = str(error["msg"]).removeprefix("Value error, ")
         return message if message.startswith("MCP_BROKER_") else f"{name}: {message}"
+    except SettingsError as exc:  # a value that is not the JSON its setting needs
+        field = re.search(r'field "([a-z_]+)"', str(exc))
+        name = "MCP_BROKER_" + field.group(1).upper() if field else "a setting"
+        return f"{name}: not valid JSON; write a JSON value of the setting's type (see README, Configuration)"
     return None
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer from the environment for a command-line default; a bad one is left to the settings check."""
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().isdigit() else default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve MCP over Streamable HTTP on /mcp, plus the REST API")
     serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("MCP_BROKER_PORT", "8080")))
+    serve.add_argument("--port", type=int, default=_env_int("MCP_BROKER_PORT", 8080))
     serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (Redis backend)")
     serve.add_argument("--demo", action="store_true", help="create a demo collection whose record changes")
     serve.set_defaults(func=_serve)

@@ -17,21 +17,21 @@ class Settings(BaseSettings):
 
     # -- serving ------------------------------------------------------------------------
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(default=8080, ge=0, le=65535)
     #: Empty: the in-memory backend (one process). ``redis://``, ``rediss://``,
     #: ``redis+sentinel://`` or ``redis+cluster://``: the distributed Redis backend.
     redis_url: str = ""
     redis_prefix: str = "mcpb"
     #: Seconds before a Redis command without a reply counts as a failure (503); blocking reads
     #: block for less than this.
-    redis_socket_timeout: float = 5.0
-    redis_connect_timeout: float = 2.0
+    redis_socket_timeout: float = Field(default=5.0, gt=0)
+    redis_connect_timeout: float = Field(default=2.0, gt=0)
     #: Connections per worker process in the command pool (the pub/sub connection is extra).
-    redis_max_connections: int = 100
+    redis_max_connections: int = Field(default=100, ge=1)
     #: Seconds of silence after which a pooled connection is checked with PING before use.
-    redis_health_check_interval: int = 15
+    redis_health_check_interval: int = Field(default=15, ge=0)
     #: Retries of a command that failed on the connection, with a short backoff.
-    redis_retries: int = 1
+    redis_retries: int = Field(default=1, ge=0)
     #: Origins allowed to call /mcp (DNS-rebinding protection). Requests without Origin pass.
     allowed_origins: list[str] = Field(
         default_factory=lambda: [
@@ -82,15 +82,15 @@ class Settings(BaseSettings):
     shutdown_drain: float = Field(default=0.0, ge=0)
 
     # -- limits -----------------------------------------------------------------------------
-    max_body_bytes: int = 1_048_576
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: Bytes (UTF-8) of any URI a client sends: params, listen filters, published changes.
-    max_uri_length: int = 2048
-    max_record_bytes: int = 262_144
-    max_sessions: int = 100_000
-    max_subscriptions_per_session: int = 1000
-    max_listens: int = 10_000
-    max_listen_uris: int = 1000
-    page_size: int = 100
+    max_uri_length: int = Field(default=2048, ge=1)
+    max_record_bytes: int = Field(default=262_144, ge=1)
+    max_sessions: int = Field(default=100_000, ge=1)
+    max_subscriptions_per_session: int = Field(default=1000, ge=1)
+    max_listens: int = Field(default=10_000, ge=1)
+    max_listen_uris: int = Field(default=1000, ge=1)
+    page_size: int = Field(default=100, ge=1)
 
     # -- requests: what one request may cost the worker that answers it -------------------
     #: Messages in one 2025-03-26 JSON-RPC batch (HTTP body or stdio line); a longer batch is
@@ -116,19 +116,19 @@ class Settings(BaseSettings):
     max_record_bytes_per_tenant: int = Field(default=268_435_456, gt=0)
 
     # -- sessions and delivery ---------------------------------------------------------------
-    session_ttl: float = 1800.0
+    session_ttl: float = Field(default=1800.0, gt=0)
     #: Seconds a session's subscription set outlives its expired record, so the expiry sweep
     #: can still remove it from the index (Redis backend).
-    session_index_grace: float = 600.0
-    inbox_maxlen: int = 1000
-    inbox_retention: float = 3600.0
+    session_index_grace: float = Field(default=600.0, ge=0)
+    inbox_maxlen: int = Field(default=1000, ge=1)
+    inbox_retention: float = Field(default=3600.0, gt=0)
     #: Frames read from an inbox in one go; a slow client's batch coalesces per URI.
-    inbox_batch: int = 256
+    inbox_batch: int = Field(default=256, ge=1)
     #: Frames carried by wake-ups that one stream keeps in memory; past that it reads its inbox instead.
-    stream_buffer: int = 1024
-    keepalive_interval: float = 15.0
+    stream_buffer: int = Field(default=1024, ge=0)
+    keepalive_interval: float = Field(default=15.0, gt=0)
     #: The SSE ``retry:`` hint, in milliseconds.
-    retry_ms: int = 1000
+    retry_ms: int = Field(default=1000, ge=0)
     #: Seconds the backend may stay unreachable before open streams and listens end with
     #: ``retry:``, timed from when the first health ping that got no answer was sent (a hung
     #: Redis counts from then, not from its socket timeout). A restart shorter than this keeps
@@ -145,9 +145,9 @@ class Settings(BaseSettings):
     #: a publish beyond it is refused with 503 before it is acknowledged (nothing unread is
     #: ever trimmed). Processed changes are trimmed as fan-out acknowledges them.
     changelog_maxlen: int = Field(default=100_000, ge=1)
-    changelog_partitions: int = 1
-    fanout_batch: int = 256
-    fanout_claim_idle_ms: int = 5000
+    changelog_partitions: int = Field(default=1, ge=1)
+    fanout_batch: int = Field(default=256, ge=1)
+    fanout_claim_idle_ms: int = Field(default=5000, ge=30)
     #: Seconds a stopping fan-out consumer (SIGTERM) may spend finishing the batch in hand
     #: (append, broadcast, acknowledge) before it gives its partitions up; past that the batch is
     #: left to the next holder. Keep it below the 5 s a worker's shutdown waits for its tasks.
@@ -167,11 +167,21 @@ class Settings(BaseSettings):
     wake_frame_max_bytes: int = Field(default=65_536, ge=0)
 
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
-    gc_thresholds: tuple[int, ...] = (50_000, 50, 100)
+    gc_thresholds: tuple[int, ...] = Field(default=(50_000, 50, 100), max_length=3)
 
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
-    demo_interval: float = 3.0
+    demo_interval: float = Field(default=3.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        schemes = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+        scheme = value.partition("://")[0].lower() if "://" in value else ""
+        if value and scheme not in schemes:
+            raise ValueError(f"write a URL that starts with one of {', '.join(s + '://' for s in schemes)}, "
+                             "or leave it empty for the in-memory backend")
+        return value
 
     @field_validator("default_tenant")
     @classmethod
