@@ -65,6 +65,11 @@ class BrokerServer(uvicorn.Server):
         # sent. The list is replaced, not changed: responses already started keep the old one.
         state = self.server_state
         state.default_headers = [*state.default_headers, (b"connection", b"close")]
+        # Requests already under way keep the old list: each closes its connection once answered.
+        for connection in state.connections:
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
 
     async def _drain(self, seconds: float) -> None:
         """Wait until every connection is closed (by its client, or after a response), at most ``seconds``."""

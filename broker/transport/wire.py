@@ -21,8 +21,10 @@ uvicorn's parsing and request cycle and adds, per connection:
   and closes it, before reading anything, so it never runs out of descriptors for the ones it
   serves, for Redis or for ``accept()``.
 
-Timers are armed only when a read leaves a head or body incomplete: a request that arrives in
-one read (nearly all of them) starts and cancels none, and an open stream holds none.
+A connection's first head deadline is armed when it opens; after that, timers are armed only
+when a read leaves a head or body incomplete: a request that arrives in one read (nearly all of
+them) starts and cancels none, and an open stream holds none. Bytes that arrive after a finished
+exchange, blank lines included, start the next head's deadline.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class WireProtocol(HttpToolsProtocol):
 
     # Slots: uvicorn's protocol already keeps 28 attributes in its __dict__, and five more there
     # made every connection's dict a larger, unshared one (1.3 KB more per idle stream).
-    __slots__ = ("_head_bytes", "_phase", "_timer", "_timer_phase", "limits")
+    __slots__ = ("_exact", "_head_bytes", "_phase", "_read_in_body", "_timer", "_timer_phase", "limits")
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *, limits: WireLimits) -> None:
@@ -137,6 +139,10 @@ class WireProtocol(HttpToolsProtocol):
         self.limits = limits
         self._phase = _HEAD  # a new connection owes a request head
         self._head_bytes = 0
+        #: The read being parsed began inside a body, so the bytes of a head it goes on to were
+        #: not counted; such a head is measured exactly when it completes.
+        self._read_in_body = False
+        self._exact = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_phase = _IDLE
 
@@ -159,7 +165,12 @@ class WireProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, plus the accounting; a callback that answered stops the parser.
         self._unset_keepalive_if_required()
-        if self._phase != _BODY:
+        if self._phase == _IDLE and (self.cycle is None or self.cycle.response_complete):
+            # Bytes after a finished exchange begin the next head, even bytes the parser skips
+            # (blank lines): they cancelled uvicorn's keep-alive timer, so the head deadline runs.
+            self._phase = _HEAD
+        self._read_in_body = self._phase == _BODY
+        if not self._read_in_body:
             self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
@@ -185,14 +196,16 @@ class WireProtocol(HttpToolsProtocol):
     # -- parser callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._phase = _HEAD
+        self._exact = self._read_in_body
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         limit = self.limits.max_header_bytes
-        if self._head_bytes > limit and _head_size(self.url, self.headers) > limit:
+        if (self._head_bytes > limit or self._exact) and _head_size(self.url, self.headers) > limit:
             self._answer_and_close(_TOO_LARGE)
             raise _Answered
         self._head_bytes = 0
+        self._exact = False
         self._phase = _BODY
         super().on_headers_complete()
 
@@ -229,7 +242,9 @@ class WireProtocol(HttpToolsProtocol):
         app code ends and nothing else is written on this connection.
         """
         cycle = self.cycle
-        if cycle is None or cycle.response_complete:
+        if self.pipeline:
+            pass  # an earlier request's response is still being written: nothing may go in between
+        elif cycle is None or cycle.response_complete:
             self.transport.write(answer)
         elif not cycle.response_started:
             cycle.disconnected = True

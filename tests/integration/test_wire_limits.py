@@ -158,6 +158,29 @@ def test_a_kept_alive_connection_serves_its_next_request_after_a_pause(broker: B
             assert not readable, "the server closed a kept-alive connection before its keep-alive timeout"
 
 
+def test_blank_lines_after_a_request_do_not_keep_a_connection_open(broker: BrokerProcess) -> None:
+    """Bytes the parser skips between requests still start the head deadline (they used to
+    cancel the keep-alive timer and start nothing, so a CRLF every 2 s held the connection)."""
+    with connect(broker.port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        trickle_until_closed(sock, forever(b"\r\n"), every=0.5)
+
+
+def test_a_head_that_follows_a_body_in_the_same_read_is_measured_too(broker: BrokerProcess) -> None:
+    body = b'{"uri": "x:a"}'
+    big_get = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n"
+    with connect(broker.port) as sock:
+        sock.sendall(POSTS["/changes"] + b"Content-Length: %d\r\n\r\n" % len(body))
+        readable, _, _ = select.select([sock], [], [], 0.3)  # the head is read alone; the body is awaited
+        assert not readable
+        sock.sendall(body + big_get)  # one read: the body's end, then a whole oversized head
+        answers = read_until_closed(sock)
+    # The oversized head is refused and the connection closed (the POST before it, pipelined
+    # with it, may lose its answer: it shares the connection of a client that broke the rules).
+    assert b"HTTP/1.1 431 " in answers and b"HTTP/1.1 200 " not in answers, answers[:400]
+
+
 # -- body deadline ---------------------------------------------------------------------------------
 POSTS = {
     "/changes": b"POST /changes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
@@ -236,8 +259,13 @@ def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves
 
 
 @pytest.mark.parametrize("setting", ["MCP_BROKER_HEADER_TIMEOUT=0", "MCP_BROKER_MAX_HEADER_BYTES=many",
-                                     "MCP_BROKER_MAX_CONNECTIONS=-1"])
-def test_a_bad_wire_setting_stops_serve_with_one_line_naming_it(setting: str) -> None:
+                                     "MCP_BROKER_MAX_CONNECTIONS=-1",
+                                     # a zero batch hung the worker, a zero page paged forever, and
+                                     # these two crashed with a traceback
+                                     "MCP_BROKER_FANOUT_BATCH=0", "MCP_BROKER_PAGE_SIZE=0",
+                                     "MCP_BROKER_REDIS_URL=foo://x", "MCP_BROKER_GC_THRESHOLDS=[1,2,3,4]",
+                                     "MCP_BROKER_API_KEYS=notjson", "MCP_BROKER_PORT=abc"])
+def test_a_bad_setting_stops_serve_with_one_line_naming_it(setting: str) -> None:
     name, _, value = setting.partition("=")
     done = subprocess.run([str(BIN), "serve", "--port", str(free_port())], env={**os.environ, name: value},
                           capture_output=True, timeout=30)
