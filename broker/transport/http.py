@@ -297,8 +297,6 @@ class McpEndpoint:
     def listen(self, call: Call, msg: Message) -> SSEResponse:
         """Refusals come back as JSON before the stream starts; after the ack only notifications follow."""
         assert msg.id is not None
-        if self.broker.hub.closing:
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Shutting down; retry on another worker", status=503)
         uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
         hub = self.broker.hub
         self.methods.check_listen_capacity()
@@ -307,6 +305,11 @@ class McpEndpoint:
         # concurrent listens cannot overshoot the limit; changes pushed before the stream
         # starts wait in the listen and follow the ack.
         hub.add_listen(listen)
+        if hub.closing:
+            # Asked of a worker that is stopping (on a connection it still answers while it
+            # drains): the same end as the listens open at the stop, the ack and then the
+            # ``complete`` result, so the client listens again elsewhere without an error.
+            listen.end("shutdown")
 
         async def run(writer: SSEWriter) -> None:
             listen.writer = writer

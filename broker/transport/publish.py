@@ -90,6 +90,10 @@ class ChangesEndpoint:
             return await self.broker.backend.publish_many([self.change(principal.tenant, parsed, "")])
         if not parsed:
             raise Invalid(422, "no changes given")
+        if len(parsed) > settings.changelog_tenant_max:
+            # Refused before each change is checked: more than the tenant may ever have waiting.
+            raise Invalid(413, f"{len(parsed)} changes in one request; at most {settings.changelog_tenant_max} "
+                               "(MCP_BROKER_CHANGELOG_TENANT_MAX) may wait for fan-out at once")
         changes = [self.change(principal.tenant, item, f"change {i}: ") for i, item in enumerate(parsed)]
         return await self.broker.backend.publish_many(changes)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import re
 import shlex
 import shutil
@@ -26,6 +27,7 @@ import httpx
 import pytest
 
 from tests.distributed.conftest import WORKER_ENV
+from tests.integration import modern
 from tests.integration.mcp_http import McpSession
 from tests.support import ROOT, BrokerProcess, RedisProcess, free_port, wait_until
 
@@ -268,3 +270,32 @@ def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones(
             conn.close()
         # The drain ends as soon as no connection is left, long before its 30 s.
         assert worker.proc.wait(20) in (0, -signal.SIGTERM)
+
+
+def test_a_listen_asked_of_a_stopping_worker_ends_as_open_listens_do() -> None:
+    """Not an error the balancer cannot retry (a POST): the ack, then the ``complete`` result."""
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", worker.port), timeout=1).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    with BrokerProcess(env={"MCP_BROKER_SHUTDOWN_DRAIN": "30", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"}) as worker:
+        conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=10)
+        try:
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+            worker.proc.send_signal(signal.SIGTERM)
+            wait_until(refused, what="the stopping worker to refuse new connections")
+            listen = modern.request("subscriptions/listen",
+                                    {"notifications": {"resourceSubscriptions": ["https://example.com/x"]}}, 7)
+            conn.request("POST", "/mcp", json.dumps(listen).encode(), modern.headers("subscriptions/listen"))
+            answer = conn.getresponse()
+            text = answer.read().decode()
+        finally:
+            conn.close()
+        assert answer.status == 200, text
+        assert "notifications/subscriptions/acknowledged" in text, text
+        assert '"id":7' in text.replace(" ", "") and '"result"' in text, text
