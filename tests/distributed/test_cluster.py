@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 import socket
@@ -13,13 +12,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
 
 from broker.backends.redis import RedisBackend
 from broker.changes import Change
 from broker.config import Settings
 from tests.distributed.conftest import Deployment
 from tests.distributed.scenario import any_worker_scenario
-from tests.integration.mcp_http import McpSession, SSEStream
+from tests.distributed.test_wake_size import STREAMS, every_stream_receives, pubsub_client_ids, watching_streams
 from tests.support import BrokerProcess, RedisProcess, free_port, wait_until
 
 
@@ -100,10 +100,6 @@ async def test_a_large_change_watched_by_many_streams_keeps_the_pubsub_connectio
     # On a Cluster each session's wake-up is published by the append script itself, one message
     # per session: 45 streams of one worker watching a URI whose change carries 20 kB used to
     # queue 45 x 20 kB for that worker's pub/sub connections, past the nodes' (scaled down) limit.
-    from redis import Redis
-
-    from tests.distributed.test_wake_size import STREAMS, URI, pubsub_client_ids
-
     limit = "pubsub 128kb 64kb 0"
     saved = []
     for node in cluster:
@@ -118,20 +114,9 @@ async def test_a_large_change_watched_by_many_streams_keeps_the_pubsub_connectio
             limits = httpx.Limits(max_connections=STREAMS + 10)
             async with httpx.AsyncClient(base_url=worker.url, timeout=20, limits=limits) as http, \
                     contextlib.AsyncExitStack() as stack:
-                streams: list[SSEStream] = []
-                for _ in range(STREAMS):
-                    session = await McpSession(http).initialize()
-                    await session.subscribe(URI)
-                    stream = await stack.enter_async_context(session.stream())
-                    await stream.next_event()  # the priming event: the stream is watching
-                    streams.append(stream)
+                streams = await watching_streams(http, stack)
                 before = set().union(*[await pubsub_client_ids(f"redis://127.0.0.1:{n.port}") for n in cluster])
-                meta = {"blob": "x" * 20_000}
-                response = await http.post("/changes", json={"uri": URI, "meta": meta})
-                assert response.status_code == 202, response.text
-                events = await asyncio.gather(*(stream.next_message(timeout=20) for stream in streams))
-                assert all(event.uri == URI and event.message["params"]["_meta"]["blob"] == meta["blob"]
-                           for event in events)
+                await every_stream_receives(http, streams, 20_000)
                 after = set().union(*[await pubsub_client_ids(f"redis://127.0.0.1:{n.port}") for n in cluster])
                 assert after == before, "a worker's pub/sub connection was dropped and re-made"
     finally:

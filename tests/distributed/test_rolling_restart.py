@@ -240,17 +240,17 @@ async def test_a_rolling_restart_through_the_shipped_nginx_answers_every_post(
     assert len(traffic.answers) >= 1000
 
 
+def refuses_connections(worker: BrokerProcess) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", worker.port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 @pytest.mark.timeout(60)
 def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones() -> None:
     """What the balancer relies on: no connection it holds is closed under it, a new one is refused."""
-
-    def refused() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", worker.port), timeout=1).close()
-        except ConnectionRefusedError:
-            return True
-        return False
-
     # A long idle timeout: only the stop may end the connection, however slow the machine.
     with BrokerProcess(env={"MCP_BROKER_SHUTDOWN_DRAIN": "30", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"}) as worker:
         conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=10)
@@ -261,7 +261,7 @@ def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones(
             assert before.status == 202 and before.getheader("connection") is None
             before.read()
             worker.proc.send_signal(signal.SIGTERM)
-            wait_until(refused, what="the stopping worker to refuse new connections")
+            wait_until(lambda: refuses_connections(worker), what="the stopping worker to refuse new connections")
             conn.request("POST", "/changes", body, {"Content-Type": "application/json"})  # the same connection
             during = conn.getresponse()
             assert during.status == 202 and during.getheader("connection") == "close"
@@ -274,21 +274,13 @@ def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones(
 
 def test_a_listen_asked_of_a_stopping_worker_ends_as_open_listens_do() -> None:
     """Not an error the balancer cannot retry (a POST): the ack, then the ``complete`` result."""
-
-    def refused() -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", worker.port), timeout=1).close()
-        except ConnectionRefusedError:
-            return True
-        return False
-
     with BrokerProcess(env={"MCP_BROKER_SHUTDOWN_DRAIN": "30", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"}) as worker:
         conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=10)
         try:
             conn.request("GET", "/healthz")
             conn.getresponse().read()
             worker.proc.send_signal(signal.SIGTERM)
-            wait_until(refused, what="the stopping worker to refuse new connections")
+            wait_until(lambda: refuses_connections(worker), what="the stopping worker to refuse new connections")
             listen = modern.request("subscriptions/listen",
                                     {"notifications": {"resourceSubscriptions": ["https://example.com/x"]}}, 7)
             conn.request("POST", "/mcp", json.dumps(listen).encode(), modern.headers("subscriptions/listen"))
