@@ -65,10 +65,13 @@ class BrokerServer(uvicorn.Server):
         # sent. The list is replaced, not changed: responses already started keep the old one.
         state = self.server_state
         state.default_headers = [*state.default_headers, (b"connection", b"close")]
-        # Requests already under way keep the old list: each closes its connection once answered.
+        # A request already read but not yet answered keeps the old list: it is told to close
+        # too, and says so in its response. One whose response has started is left alone: its
+        # headers did not say "close", so closing after it would race the balancer's next
+        # request on the connection (a 502); the balancer closes it when idle, or the drain ends.
         for connection in state.connections:
             cycle = getattr(connection, "cycle", None)
-            if cycle is not None and not cycle.response_complete:
+            if cycle is not None and not cycle.response_started:
                 cycle.keep_alive = False
 
     async def _drain(self, seconds: float) -> None:
