@@ -98,6 +98,7 @@ from broker.backends.redis.codec import (
 )
 from broker.backends.redis.connection import ClientFactory, open_clients, unavailable
 from broker.backends.redis.keys import Keys
+from broker.backends.redis.records import Records
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
@@ -125,6 +126,7 @@ class RedisBackend:
         self.cluster = clients.cluster
         self.scripts = Scripts(self.redis)
         self.changelog = ChangeLog(settings, self.redis, self.keys, self.scripts, cluster=self.cluster)
+        self.records = Records(settings, self.redis, self.keys, self.scripts, self.changelog)
         self.epoch = ""
         #: Times this process found the store's data lost (a new epoch); see ``_data_lost``.
         self.data_losses = 0
@@ -656,20 +658,20 @@ class RedisBackend:
     async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
                            expect: bytes | None = None) -> bool:
         with unavailable("write_record"):
-            return await self.changelog.write_record(tenant, collection, record_id, data, change, expect)
+            return await self.records.write_record(tenant, collection, record_id, data, change, expect)
 
     async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
         with unavailable("read_record"):
-            return await self.changelog.read_record(tenant, collection, record_id)
+            return await self.records.read_record(tenant, collection, record_id)
 
     async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
         with unavailable("delete_record"):
-            return await self.changelog.delete_record(tenant, collection, record_id, change)
+            return await self.records.delete_record(tenant, collection, record_id, change)
 
     async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
         with unavailable("list_records"):
-            return await self.changelog.list_records(tenant, collection, after, limit)
+            return await self.records.list_records(tenant, collection, after, limit)
 
     async def list_collections(self, tenant: str) -> list[str]:
         with unavailable("list_collections"):
-            return await self.changelog.list_collections(tenant)
+            return await self.records.list_collections(tenant)

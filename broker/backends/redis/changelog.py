@@ -1,4 +1,4 @@
-"""The change log (partitioned streams, one consumer group) and the record collections.
+"""The change log: partitioned streams, one consumer group, a lease per partition (records: ``records.py``).
 
 A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in
 Redis at first start (``P:partitions``) and the stored value wins over the setting, because a
@@ -33,19 +33,17 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from broker.backends.base import record_quota_message
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.scripts import Scripts
-from broker.changes import Change, ChangeKind
+from broker.changes import Change
 from broker.config import Settings
-from broker.errors import LimitExceeded, LogFull, PublishRefused, QuotaExceeded, WriteConflict, raise_if_cancelled
+from broker.errors import LogFull, PublishRefused, QuotaExceeded, raise_if_cancelled
 
 __all__ = ["ChangeLog"]
 
@@ -507,64 +505,3 @@ class ChangeLog:
     def close(self) -> None:
         for holding in self._holding.values():
             holding.stop_heartbeat()
-
-    # -- records ---------------------------------------------------------------------------
-    def _record_keys(self, tenant: str, collection: str) -> list[str]:
-        p = self.partition(tenant)
-        keys = self.keys
-        return [keys.records(p, tenant, collection), keys.record_ids(p, tenant, collection),
-                keys.collections(p, tenant), keys.log(p), keys.record_usage(p, tenant), keys.backlog(p)]
-
-    def _record_refused(self, tenant: str, code: int) -> None:
-        """Raise what a record script's -4 or -5 means (the change-log bounds of ``changelog_append.lua``)."""
-        if code == -4:
-            raise LogFull(self.partition(tenant), self.settings.changelog_maxlen)
-        if code == -5:
-            limit = self.settings.changelog_tenant_max
-            raise QuotaExceeded(tenant, limit, limit, 1)
-
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
-                           expect: bytes | None = None) -> bool:
-        settings = self.settings
-        args: list[Any] = [record_id, data, collection, settings.changelog_maxlen, encode_change(change),
-                           encode_change(replace(change, kind=ChangeKind.CREATED)), settings.max_records_per_tenant,
-                           settings.max_record_bytes_per_tenant, settings.changelog_tenant_max, tenant]
-        if expect is not None:
-            args.append(expect)
-        keys = self._record_keys(tenant, collection)
-        created = int(await self.scripts.record_write(keys=keys, args=args))
-        if created == -4:  # full: trim what was processed and try once more (see _append)
-            await self.trim(self.partition(tenant))
-            created = int(await self.scripts.record_write(keys=keys, args=args))
-        if created == -1:
-            raise WriteConflict(record_id)
-        if created in (-2, -3):
-            raise LimitExceeded(record_quota_message(settings, count=created == -2))
-        self._record_refused(tenant, created)
-        return created == 1
-
-    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None:
-        data: bytes | None = await self.client.hget(self._record_keys(tenant, collection)[0], record_id)
-        return data
-
-    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
-        keys = self._record_keys(tenant, collection)
-        args: list[Any] = [record_id, collection, self.settings.changelog_maxlen, encode_change(change),
-                           self.settings.changelog_tenant_max, tenant]
-        deleted = int(await self.scripts.record_delete(keys=keys, args=args))
-        if deleted == -4:  # full: trim what was processed and try once more (see _append)
-            await self.trim(self.partition(tenant))
-            deleted = int(await self.scripts.record_delete(keys=keys, args=args))
-        self._record_refused(tenant, deleted)
-        return deleted == 1
-
-    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
-        if limit <= 0:
-            return []
-        key = self._record_keys(tenant, collection)[1]
-        ids = await self.client.zrangebylex(key, f"({after}" if after else "-", "+", start=0, num=limit)
-        return [as_text(i) for i in ids]
-
-    async def list_collections(self, tenant: str) -> list[str]:
-        names = await self.client.zrange(self.keys.collections(self.partition(tenant), tenant), 0, -1)
-        return [as_text(n) for n in names]
