@@ -12,9 +12,9 @@ from broker import __version__
 from broker.backends import Backend, create_backend
 from broker.changes import ChangeKind, ChangeRules, InvalidChange
 from broker.config import Settings
-from broker.delivery import Hub
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.fanout import Fanout
+from broker.hub import Hub
 from broker.methods import Methods
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.resources.base import ResourceProvider, Resources
