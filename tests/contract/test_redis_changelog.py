@@ -94,3 +94,22 @@ async def test_a_read_that_arrives_after_its_lease_lapsed_takes_nothing_from_the
         assert [change_id for change_id, _ in taken] == ids
     finally:
         await backend.close()
+
+
+async def test_a_consumer_that_stops_with_nothing_pending_leaves_the_group() -> None:
+    # Consumer names are new with every process: without this the group keeps one per restart.
+    backend = bounded()
+    await backend.start()
+    try:
+        log = backend.keys.log(0)
+        await backend.publish(Change("a", "x:1"))
+        taken = await backend.read_changes("finished", 10, 0)
+        await backend.ack_changes([cid for cid, _ in taken])
+        await backend.release_changes("finished")
+        await backend.publish(Change("a", "x:2"))
+        await backend.read_changes("cut-short", 10, 0)  # read, never acknowledged
+        await backend.release_changes("cut-short")
+        names = {consumer["name"] for consumer in await backend.redis.xinfo_consumers(log, FANOUT_GROUP)}
+        assert names == {b"cut-short"}  # its pending change is not stranded
+    finally:
+        await backend.close()

@@ -490,6 +490,21 @@ class ChangeLog:
         if self.partitions > 1:
             batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
         await batch.execute()
+        await self._forget(consumer)
+
+    async def _forget(self, consumer: str) -> None:
+        """Remove a stopping consumer from the group where it has nothing pending.
+
+        Consumer names are new with every process, so the group would otherwise keep one per
+        restart, and each acknowledgement's trim (an XPENDING summary) walks them all. One with
+        changes pending stays, or they would be stranded; it reads no more (its leases are
+        given up, and reads are fenced by them), so nothing becomes pending between the check
+        and the removal.
+        """
+        for partition in range(self.partitions):
+            key = self.keys.log(partition)
+            if not await self.client.xpending_range(key, FANOUT_GROUP, "-", "+", 1, consumername=consumer):
+                await self.client.xgroup_delconsumer(key, FANOUT_GROUP, consumer)
 
     async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
         """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
