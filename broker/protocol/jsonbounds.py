@@ -74,11 +74,19 @@ def encode_bounded(value: Any, max_depth: int, max_bytes: int, what: str) -> byt
     Raises:
         JsonRefused: the message starts with ``what`` and names the limit that was passed.
     """
+    # Encoded first (in C): a value too large is refused without a walk over every item of it.
     try:
-        check_json(value, max_depth)
         data = orjson.dumps(value)
-    except (JsonRefused, TypeError) as exc:  # orjson.JSONEncodeError is a TypeError
+    except TypeError as exc:  # orjson.JSONEncodeError: the walk below says which rule, if one
+        try:
+            check_json(value, max_depth)
+        except JsonRefused as refused:
+            raise JsonRefused(f"{what}: {refused}") from exc
         raise JsonRefused(f"{what}: {exc}") from exc
     if len(data) > max_bytes:
         raise JsonRefused(f"{what} is {len(data)} bytes encoded, more than the limit of {max_bytes} bytes")
+    try:
+        check_json(value, max_depth)  # what orjson takes but msgpack, or the depth bound, does not
+    except JsonRefused as exc:
+        raise JsonRefused(f"{what}: {exc}") from exc
     return data
