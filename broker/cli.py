@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import logging
 import os
 import re
@@ -134,6 +135,14 @@ def _settings_problem() -> str | None:
 
     from broker.config import Settings
 
+    known = {"MCP_BROKER_" + name.upper() for name in Settings.model_fields}
+    for name in sorted(os.environ):
+        if name.startswith("MCP_BROKER_") and name not in known:
+            # Ignored silently, a misspelled MCP_BROKER_REDIS_URL started a worker on its own
+            # in-memory backend, with nothing saying so.
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
+            return f"{name} is not a setting{hint}"
     try:
         Settings()
     except ValidationError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -172,6 +174,16 @@ class Settings(BaseSettings):
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = Field(default=3.0, gt=0)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            parts = urlsplit(origin)
+            if not (parts.scheme and parts.hostname) or parts.path not in ("", "/"):
+                raise ValueError(f"{origin!r} is not an origin; write scheme://host[:port], "
+                                 "e.g. https://app.example.com")
+        return value
 
     @field_validator("redis_url")
     @classmethod

@@ -264,7 +264,11 @@ def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves
                                      # these two crashed with a traceback
                                      "MCP_BROKER_FANOUT_BATCH=0", "MCP_BROKER_PAGE_SIZE=0",
                                      "MCP_BROKER_REDIS_URL=foo://x", "MCP_BROKER_GC_THRESHOLDS=[1,2,3,4]",
-                                     "MCP_BROKER_API_KEYS=notjson", "MCP_BROKER_PORT=abc"])
+                                     "MCP_BROKER_API_KEYS=notjson", "MCP_BROKER_PORT=abc",
+                                     # ignored silently: a misspelled Redis URL meant a worker alone
+                                     # on its own memory; an origin without a scheme, 403 for all
+                                     "MCP_BROKER_REDISURL=redis://127.0.0.1:1",
+                                     'MCP_BROKER_ALLOWED_ORIGINS=["app.example.com"]'])
 def test_a_bad_setting_stops_serve_with_one_line_naming_it(setting: str) -> None:
     name, _, value = setting.partition("=")
     done = subprocess.run([str(BIN), "serve", "--port", str(free_port())], env={**os.environ, name: value},
