@@ -132,6 +132,31 @@ async def test_watchers_are_woken_to_reread_after_the_pubsub_connection_drops(
     await unwatch()
 
 
+async def test_watchers_are_woken_to_reread_when_the_pubsub_connection_drops_between_two_reads(
+        backend: RedisBackend) -> None:
+    # A connection dropped while the reader is not waiting on it (Sentinel's failover check drops
+    # the connection to the old master whenever it finds a new one) was reconnected by redis-py
+    # on the next read, its channels resubscribed, without a word: streams never re-read what
+    # was published meanwhile.
+    session = record(backend)
+    await backend.create_session(session)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+    bus = backend._bus_or_fail()
+
+    def drop_on_first_frame(wake: Wake) -> None:
+        wakes.put_nowait(wake)
+        if wake.frame is not None and wake.offset == 1:
+            bus._pubsub.connection._close()  # the reader is handling this message: between reads
+
+    unwatch = await backend.watch(session.id, drop_on_first_frame)
+    await backend.append_frames([(session.id, Frame("u:x", b"1"))])
+    first = await asyncio.wait_for(wakes.get(), 10)
+    assert (first.offset, first.frame) == (1, Frame("u:x", b"1"))
+    resync = await asyncio.wait_for(wakes.get(), 10)
+    assert (resync.kind, resync.frame) == ("frames", None)
+    await unwatch()
+
+
 async def test_every_key_carries_the_prefix() -> None:
     settings = settings_for(inbox_maxlen=5)
     factory = fakeredis_factory()

@@ -174,6 +174,7 @@ class WakeBus:
             await self._read_cluster(pubsub)
             return
         while not self._closed:
+            _still_connected(pubsub)
             with unavailable("pub/sub read"):
                 message = await pubsub.get_message(timeout=1.0)
             if message is not None:
@@ -222,6 +223,7 @@ class WakeBus:
         # get_sharded_message(target_node) reads the node's *current* connection: stop as soon as
         # it is not this one, so two readers never wait on one connection.
         while not self._closed and pubsub.node_pubsub_mapping.get(node.name) is node_pubsub:
+            _still_connected(node_pubsub)
             with unavailable("pub/sub read"):
                 message = await pubsub.get_sharded_message(timeout=1.0, target_node=node)
             if message is not None:
@@ -274,3 +276,18 @@ class WakeBus:
                 await self._resubscriber
         self._fail_waiters(RuntimeError("closed"))
         await self._drop()
+
+
+def _still_connected(pubsub: Any) -> None:
+    """Raise ``BackendUnavailable`` when the pub/sub connection was dropped between two reads.
+
+    redis-py reconnects a dropped pub/sub connection by itself on the next read, and resubscribes
+    its channels, without a word: the reader would never run ``on_reconnect``, and streams would
+    not re-read what was published in between (seen after a Sentinel failover, whose check drops
+    the connection to the old master). A connection dropped on purpose (``_drop``) has none.
+    Failing here sends the reader through its own reconnect instead.
+    """
+    connection = pubsub.connection
+    if connection is None or not connection.is_connected:
+        raise BackendUnavailable("redis pub/sub connection dropped")
+
