@@ -135,8 +135,8 @@ class Fanout:
         """``process``, which a shutdown (a cancellation) lets finish for ``fanout_stop_timeout``.
 
         A batch cut short after its append leaves its changes pending, and the next holder
-        redoes it: the inboxes skip what they already hold, but listens would hear it twice,
-        and the partition waits for that redo. So a stopping consumer finishes what it has
+        redoes it: the inboxes and the listen broadcast skip what they already had, but the
+        partition waits for that redo. So a stopping consumer finishes what it has
         taken, then gives its leases up. Cancellations that come meanwhile (a shutdown repeats
         them) do not shorten the bound; past it the batch is abandoned to the next holder.
         """
