@@ -33,8 +33,7 @@ class ChangeKind(StrEnum):
 
 
 _KINDS: Final = {kind.value: kind for kind in ChangeKind}
-#: Second labels of a ``_meta`` key prefix that the MCP specification reserves (its ``_meta``
-#: rules: a prefix such as ``io.modelcontextprotocol/`` or ``dev.mcp/`` is the protocol's own).
+#: Second labels of a ``_meta`` key prefix that the MCP specification reserves (docs/PROTOCOL.md).
 _RESERVED_LABELS: Final = frozenset({"modelcontextprotocol", "mcp"})
 #: Reserved keys without a prefix. ``traceparent``, ``tracestate`` and ``baggage`` are reserved
 #: too, but for the W3C trace context, which is what a producer passing them along means.

@@ -1,4 +1,4 @@
-"""Fan-out: from the change log into session inboxes and listen streams (DESIGN §2).
+"""Fan-out: from the change log into session inboxes and listen streams (docs/ARCHITECTURE.md).
 
 Each fan-out consumer takes a batch of changes from the log's consumer group, turns them into
 frames for every subscribed session, appends those frames to the inboxes, broadcasts the

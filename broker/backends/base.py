@@ -26,7 +26,7 @@ Inboxes
     Each session has a bounded inbox of frames with strictly increasing integer offsets.
     ``append_frames`` appends each session's frames and wakes the stream that watches that
     session in one atomic step per session, so a watcher that registered before reading the
-    inbox can never miss a frame (the replay -> live handoff of DESIGN §3). Frames are kept
+    inbox can never miss a frame (the replay -> live handoff, docs/ARCHITECTURE.md). Frames are kept
     while they are among the newest ``inbox_maxlen`` and younger than ``inbox_retention`` seconds.
     Appends are idempotent per change: a frame that names the change behind it
     (``Frame.change``) is skipped when an earlier call already appended to that session a frame

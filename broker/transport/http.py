@@ -1,6 +1,6 @@
 """Streamable HTTP on ``/mcp``: both protocol eras on one endpoint.
 
-Routing (DESIGN §1, as the official Python SDK does): a request whose ``MCP-Protocol-Version``
+Routing (docs/PROTOCOL.md, as the official Python SDK does): a request whose ``MCP-Protocol-Version``
 header names a modern version, or that carries the modern ``_meta`` envelope and is not
 ``initialize``, is handled statelessly; everything else is the legacy, session-based shape.
 
@@ -113,7 +113,7 @@ class McpEndpoint:
         if method == "POST":
             return await self.post(request, principal, version_header)
         if method in ("GET", "DELETE") and modern_header and version_header not in MODERN_VERSIONS:
-            # A version nobody speaks is a bad request (DIGEST §3.1), not a modern GET (405).
+            # A version nobody speaks is a bad request (docs/PROTOCOL.md), not a modern GET (405).
             return http_error(400, rpc.INVALID_REQUEST,
                               f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
         if method in ("GET", "DELETE") and not modern_header:

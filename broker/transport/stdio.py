@@ -5,9 +5,9 @@ to stderr, and ``sys.stdout`` is pointed at stderr so a stray ``print`` cannot c
 channel). Every write goes through one writer task, so frames of concurrent listens, replies
 and legacy notifications never interleave.
 
-Era per message (DIGEST §3.3): a request carrying the modern ``_meta`` envelope is handled
-statelessly; ``initialize`` starts the legacy semantics, scoped to this process; later requests
-without the envelope belong to that legacy session. ``ping`` is answered before
+Era per message (docs/PROTOCOL.md, "Two eras on one endpoint"): a request carrying the modern
+``_meta`` envelope is handled statelessly; ``initialize`` starts the legacy semantics, scoped
+to this process; later requests without the envelope belong to that legacy session. ``ping`` is answered before
 ``initialize`` (legacy allows it); any other request without either is treated as modern and
 gets the precise envelope error.
 

@@ -156,7 +156,7 @@ async def test_an_unknown_method_is_method_not_found_404(http: httpx.AsyncClient
 async def test_a_resource_that_does_not_exist_is_invalid_params_with_its_uri(http: httpx.AsyncClient) -> None:
     uri = "mcpb://t1/errors/missing"
     response = await call(http, "resources/read", {"uri": uri}, name=uri)
-    # A handler error: in-band on 200 (DIGEST §5.7), never the legacy -32002.
+    # A handler error: in-band on 200 (docs/PROTOCOL.md), never the legacy -32002.
     error = error_of(response, 200, -32602)
     assert error["data"] == {"uri": uri}
 

@@ -5,7 +5,7 @@ Layout (``P`` is ``settings.redis_prefix``; ``{...}`` is the Redis Cluster hash 
 =============================  ==========  ===================================================
 key                            type        what
 =============================  ==========  ===================================================
-``P:epoch``                    string      the data generation (DESIGN §3), SET NX at start
+``P:epoch``                    string      the data generation, SET NX at start
 ``P:partitions``               string      change-log partition count, fixed at first start
 ``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
