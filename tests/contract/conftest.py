@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from broker.backends.base import Backend
+from broker.backends.base import Backend, SessionRecord
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
 
@@ -54,3 +55,17 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     await impl.start()
     yield impl
     await impl.close()
+
+
+def new_session(backend: Backend, tenant: str = "t1", principal: str | None = None) -> SessionRecord:
+    """A session record of ``tenant`` (its principal ``<tenant>/alice`` unless given), not yet stored."""
+    return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=principal or f"{tenant}/alice",
+                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time(),
+                         client_info={"name": "test", "version": "1"}, client_capabilities={"roots": {}})
+
+
+async def open_session(backend: Backend, tenant: str = "t1") -> str:
+    """A new session of ``tenant``, stored; its id."""
+    record = new_session(backend, tenant)
+    await backend.create_session(record)
+    return record.id

@@ -17,21 +17,9 @@ from broker.backends.base import CLOSE_ALL, Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import LimitExceeded, WriteConflict
-from tests.contract.conftest import BACKENDS, make_backend
+from tests.contract.conftest import BACKENDS, make_backend, new_session, open_session
 
 TIMEOUT = 5.0
-
-
-def new_session(backend: Backend, tenant: str = "t1", principal: str = "t1/alice") -> SessionRecord:
-    return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=principal,
-                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time(),
-                         client_info={"name": "test", "version": "1"}, client_capabilities={"roots": {}})
-
-
-async def open_session(backend: Backend, tenant: str = "t1") -> str:
-    record = new_session(backend, tenant)
-    await backend.create_session(record)
-    return record.id
 
 
 def frame(n: int) -> Frame:

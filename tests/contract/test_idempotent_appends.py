@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 
-from broker.backends.base import Backend, Frame, SessionRecord, Wake
+from broker.backends.base import Backend, Frame, Wake
 from broker.changes import Change
+from tests.contract.conftest import open_session
 
 TIMEOUT = 5.0
-
-
-async def open_session(backend: Backend) -> str:
-    record = SessionRecord(id=secrets.token_urlsafe(16), tenant="t1", principal="t1/alice",
-                           protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
-    await backend.create_session(record)
-    return record.id
 
 
 def update(uri: str, change: str = "") -> Frame:

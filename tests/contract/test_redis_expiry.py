@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.backends.base import SessionRecord
 from broker.backends.redis import RedisBackend
 from broker.config import Settings
+from tests.contract.conftest import open_session
 from tests.contract.test_backend_contract import eventually
 from tests.support import RedisProcess
 
@@ -31,18 +31,11 @@ async def short_lived(redis_server: RedisProcess) -> AsyncIterator[RedisBackend]
     await backend.close()
 
 
-async def new_session(backend: RedisBackend, tenant: str) -> str:
-    record = SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=f"{tenant}/alice",
-                           protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
-    await backend.create_session(record)
-    return record.id
-
-
 async def test_index_and_tenant_sets_of_dead_sessions_expire_without_the_sweep(short_lived: RedisBackend) -> None:
     backend = short_lived
     uris = [f"x:{n}" for n in range(5)]
     for _ in range(3):
-        sid = await new_session(backend, "t1")
+        sid = await open_session(backend, "t1")
         for uri in uris:
             await backend.add_subscription(sid, "t1", uri)
     derived = [backend.keys.index("t1", uri) for uri in uris] + [backend.keys.tenant_sessions("t1")]
@@ -57,7 +50,7 @@ async def test_index_and_tenant_sets_of_dead_sessions_expire_without_the_sweep(s
 
 async def test_the_sets_of_a_session_kept_alive_by_touches_do_not_expire(short_lived: RedisBackend) -> None:
     backend = short_lived
-    sid = await new_session(backend, "t1")
+    sid = await open_session(backend, "t1")
     await backend.add_subscription(sid, "t1", "x:kept")
     deadline = time.monotonic() + TTL * 1.25 + 0.5 + 1.5  # well past when an unrefreshed set would expire
     while time.monotonic() < deadline:

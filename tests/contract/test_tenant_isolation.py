@@ -3,25 +3,16 @@ settings, which refuse such names before they become principals)."""
 
 from __future__ import annotations
 
-import secrets
-import time
-
-from broker.backends.base import Backend, SessionRecord
+from broker.backends.base import Backend
 from broker.changes import Change
 from broker.config import Settings
 from broker.fanout import Fanout
-
-
-async def session_of(backend: Backend, tenant: str) -> str:
-    record = SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=f"{tenant}/alice",
-                           protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
-    await backend.create_session(record)
-    return record.id
+from tests.contract.conftest import open_session
 
 
 async def test_a_tenant_named_a_colon_b_never_sees_tenant_as_notifications(backend: Backend) -> None:
-    intruder = await session_of(backend, "a:b")
-    owner = await session_of(backend, "a")
+    intruder = await open_session(backend, "a:b")
+    owner = await open_session(backend, "a")
     # Joined with ':' these two would name one index key: "a:b" + "c:y" and "a" + "b:c:y".
     await backend.add_subscription(intruder, "a:b", "c:y")
     await backend.add_subscription(owner, "a", "b:c:y")
