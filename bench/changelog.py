@@ -4,8 +4,8 @@
 
 Starts a private redis-server on a free port and drives ``RedisBackend`` directly (no HTTP):
 ``publish`` awaited one change at a time (the ``broker.publish`` / single ``POST /changes``
-path), ``publish_many`` in lists of 100, and the fan-out side, ``read_changes`` then
-``ack_changes`` in batches of 256 (the log is trimmed there). Reports the best and the median
+path), ``publish_many`` in lists of 100, and the fan-out side, ``changelog.read`` then
+``changelog.ack`` in batches of 256 (the log is trimmed there). Reports the best and the median
 of the repeats; on a shared machine the best is the steadier figure. Compare runs made side by
 side.
 """
@@ -33,17 +33,18 @@ async def one_run(url: str, changes: int) -> dict[str, float]:
         meta = {"etag": "v1"}
         t0 = time.perf_counter()
         for n in range(changes):
-            await backend.publish(Change("bench", f"x:{n % 500}", meta=meta))
+            await backend.changelog.publish(Change("bench", f"x:{n % 500}", meta=meta))
         single = (time.perf_counter() - t0) / changes * 1e6
         t0 = time.perf_counter()
         for start in range(0, changes, 100):
-            await backend.publish_many([Change("bench", f"x:{n % 500}", meta=meta) for n in range(start, start + 100)])
+            await backend.changelog.publish_many([Change("bench", f"x:{n % 500}", meta=meta)
+                                                  for n in range(start, start + 100)])
         many = (time.perf_counter() - t0) / changes * 1e6
         t0 = time.perf_counter()
         done = 0
         while done < 2 * changes:
-            batch = await backend.read_changes("bench", 256, 0)
-            await backend.ack_changes([cid for cid, _ in batch])
+            batch = await backend.changelog.read("bench", 256, 0)
+            await backend.changelog.ack([cid for cid, _ in batch])
             done += len(batch)
         fanout = (time.perf_counter() - t0) / done * 1e6
         return {"publish": single, "publish_many": many, "read+ack": fanout}

@@ -74,10 +74,11 @@ def rebinding_warning(settings: Settings) -> str | None:
 
 
 def _stdio(args: argparse.Namespace) -> int:
+    from broker.runtime import Broker
     from broker.transport.stdio import serve_stdio
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    asyncio.run(serve_stdio())
+    asyncio.run(serve_stdio(Broker()))
     return 0
 
 
@@ -91,10 +92,11 @@ def _fanout(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import orjson
 
-    from broker.changes import ChangeKind, InvalidChange
+    from broker.backends import create_backend
+    from broker.changes import ChangeKind, ChangeRules, InvalidChange
     from broker.config import Settings
-    from broker.core import Broker
     from broker.errors import PublishRefused
+    from broker.publisher import Publisher
     from broker.tenants import tenant_problem
 
     problem = tenant_problem(args.tenant) if args.tenant is not None else None
@@ -109,12 +111,17 @@ def _publish(args: argparse.Namespace) -> int:
         return 2
 
     async def run() -> str:
-        broker = Broker(Settings())
-        await broker.backend.start()
+        # Only the change log and the one publisher: no sessions, streams or fan-out to start.
+        settings = Settings()
+        backend = create_backend(settings)
+        publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
+                              default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max)
+        await backend.start()
         try:
-            return await broker.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant, meta=meta)
+            return await publisher.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant, meta=meta,
+                                           source="cli")
         finally:
-            await broker.backend.close()
+            await backend.close()
 
     try:
         print(asyncio.run(run()))

@@ -171,6 +171,12 @@ class Settings(BaseSettings):
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = Field(default=(50_000, 50, 100), max_length=3)
 
+    # -- change sources ---------------------------------------------------------------------
+    #: The lease of a change source that runs on one worker of the deployment at a time: the
+    #: worker running it renews it every third of this; one that stops renewing (it died, or
+    #: lost the backend) stops the source, and another worker takes it over after this long.
+    source_lease_ms: int = Field(default=5000, ge=100, le=600_000)
+
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = Field(default=3.0, gt=0)

@@ -1,20 +1,22 @@
-"""``serve --demo``: a collection whose record changes every few seconds, so notifications flow at once."""
+"""``serve --demo``: a collection whose record changes every few seconds, so notifications flow at once.
+
+The first change source: ``DemoSource`` writes the demo tenant's clock record on one worker of
+the deployment (it is exclusive), and ``demo_provider`` serves the example documents.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import orjson
 
 from broker.errors import BackendUnavailable, PublishRefused, raise_if_cancelled
+from broker.publisher import Publisher
+from broker.resources.records import Records
 from broker.resources.static import StaticProvider, StaticResource, Template
 from broker.uris import record_uri
-
-if TYPE_CHECKING:
-    from broker.core import Broker
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +48,32 @@ def demo_provider() -> StaticProvider:
     )
 
 
-async def run_demo(broker: Broker) -> None:
-    tenant = broker.settings.default_tenant
-    logger.info("demo: %s changes every %.1fs", record_uri(tenant, COLLECTION, RECORD), broker.settings.demo_interval)
-    tick = 0
-    while True:
-        tick += 1
-        try:
-            if tick == 1:
-                await broker.records.put(tenant, COLLECTION, "readme",
-                                         {"text": "Subscribe to the clock record and watch it tick."})
-            await broker.records.put(tenant, COLLECTION, RECORD, {"tick": tick, "time": time.time()})
-        except BackendUnavailable:
-            raise_if_cancelled()
-            logger.warning("demo: backend unavailable")
-        except PublishRefused as exc:  # the change log is full: the next tick tries again
-            logger.warning("demo: %s", exc)
-        await asyncio.sleep(broker.settings.demo_interval)
+class DemoSource:
+    """Writes ``mcpb://<tenant>/demo/clock`` every ``interval`` seconds (and a readme record once)."""
+
+    name = "demo"
+    exclusive = True
+
+    def __init__(self, records: Records, tenant: str, interval: float) -> None:
+        self.records = records
+        self.tenant = tenant
+        self.interval = interval
+
+    async def run(self, publisher: Publisher) -> None:
+        # The record store publishes each write's change through ``publisher`` itself.
+        tenant = self.tenant
+        logger.info("demo: %s changes every %.1fs", record_uri(tenant, COLLECTION, RECORD), self.interval)
+        tick = 0
+        while True:
+            tick += 1
+            try:
+                if tick == 1:
+                    await self.records.put(tenant, COLLECTION, "readme",
+                                           {"text": "Subscribe to the clock record and watch it tick."})
+                await self.records.put(tenant, COLLECTION, RECORD, {"tick": tick, "time": time.time()})
+            except BackendUnavailable:
+                raise_if_cancelled()
+                logger.warning("demo: backend unavailable")
+            except PublishRefused as exc:  # the change log is full: the next tick tries again
+                logger.warning("demo: %s", exc)
+            await asyncio.sleep(self.interval)

@@ -29,15 +29,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from broker.backends.base import Backend, Frame
-from broker.changes import Change, ChangeKind
+from broker.backends.base import Backend
+from broker.backends.types import Frame
+from broker.changes import Change
 from broker.config import Settings
 from broker.errors import BackendUnavailable, raise_if_cancelled
-from broker.frames import LIST_CHANGED, update_frame
-from broker.uris import notify_targets
+from broker.metrics import NO_METRICS, Metrics
+from broker.notifications import LIST_CHANGED, changes_list, targets, update_frame
 
 __all__ = ["Fanout", "plan"]
 
@@ -57,10 +59,10 @@ def plan(batch: Sequence[tuple[str, Change]]) -> tuple[dict[str, dict[str, tuple
     listed: dict[str, str] = {}
     for change_id, change in batch:
         per_tenant = updates.setdefault(change.tenant, {})
-        for uri in notify_targets(change.uri):
+        for uri in targets(change):
             per_tenant.pop(uri, None)  # re-insert so the order follows the newest change
             per_tenant[uri] = (change_id, change)
-        if change.kind is not ChangeKind.UPDATED:
+        if changes_list(change):
             listed[change.tenant] = change_id
     return updates, listed
 
@@ -70,48 +72,64 @@ def newest(batch: Sequence[tuple[str, Change]]) -> list[tuple[str, Change]]:
     id, in order (so ids still grow along the list, per partition)."""
     latest: dict[tuple[str, str, bool], tuple[str, Change]] = {}
     for change_id, change in batch:
-        key = (change.tenant, change.uri, change.kind is ChangeKind.UPDATED)
+        key = (change.tenant, change.uri, changes_list(change))
         latest.pop(key, None)
         latest[key] = (change_id, change)
     return list(latest.values())
 
 
 class Fanout:
-    """One fan-out consumer. ``run`` loops until cancelled; ``process`` handles one batch."""
+    """One fan-out consumer. ``run`` loops until cancelled; ``process`` handles one batch.
 
-    def __init__(self, settings: Settings, backend: Backend, name: str | None = None) -> None:
+    It uses four of the backend's stores: the change log it consumes, the subscription index,
+    the inboxes it appends to and the broadcast to listens.
+    """
+
+    def __init__(self, settings: Settings, backend: Backend, name: str | None = None, *,
+                 metrics: Metrics = NO_METRICS) -> None:
         self.settings = settings
-        self.backend = backend
+        self.changelog = backend.changelog
+        self.subscriptions = backend.subscriptions
+        self.inboxes = backend.inboxes
+        self.broadcast = backend.broadcast
         self.name = name or f"fanout-{secrets.token_hex(4)}"
         self.processed = 0
+        self._changes = metrics.counter("mcp_broker_fanout_changes_total")
+        self._frames = metrics.counter("mcp_broker_fanout_frames_total")
+        self._batch_seconds = metrics.histogram("mcp_broker_fanout_batch_seconds")
+        self._dropped = metrics.counter("mcp_broker_fanout_dropped_batches_total")
 
     async def process(self, batch: Sequence[tuple[str, Change]]) -> None:
         if not batch:
             return
+        began = time.perf_counter()
         updates, listed = plan(batch)
         # Every frame names the change behind it, so appending a batch again (it was redone:
         # its acknowledgement, or the reply to its append, was lost) adds nothing twice.
         frames: list[tuple[str, Frame]] = []
         found: dict[str, dict[str, list[str]]] = {}
         for tenant, by_uri in updates.items():
-            subscribers = found[tenant] = await self.backend.subscribers(tenant, list(by_uri))
+            subscribers = found[tenant] = await self.subscriptions.subscribers(tenant, list(by_uri))
             for uri, sids in subscribers.items():
                 change_id, change = by_uri[uri]
                 frame = update_frame(uri, change.meta, change_id)
                 frames.extend((sid, frame) for sid in sids)
         for tenant, change_id in listed.items():
             frame = replace(LIST_CHANGED, change=change_id)
-            frames.extend((sid, frame) for sid in await self.backend.tenant_sessions(tenant))
-        gone = set(await self.backend.append_frames(frames)) if frames else set()
+            frames.extend((sid, frame) for sid in await self.subscriptions.tenant_sessions(tenant))
+        gone = set(await self.inboxes.append(frames)) if frames else set()
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does that).
             for tenant, subscribers in found.items():
                 for uri, sids in subscribers.items():
                     for sid in gone.intersection(sids):
-                        await self.backend.remove_subscription(sid, tenant, uri)
-        await self.backend.broadcast(newest(batch))
-        await self.backend.ack_changes([change_id for change_id, _ in batch])
+                        await self.subscriptions.remove(sid, tenant, uri)
+        await self.broadcast.publish(newest(batch))
+        await self.changelog.ack([change_id for change_id, _ in batch])
         self.processed += len(batch)
+        self._changes.inc(len(batch))
+        self._frames.inc(len(frames))
+        self._batch_seconds.observe(time.perf_counter() - began)
 
     async def run(self) -> None:
         """Consume the change log until cancelled, surviving backend outages.
@@ -125,7 +143,7 @@ class Fanout:
         finally:
             try:
                 async with asyncio.timeout(RELEASE_TIMEOUT):
-                    await self.backend.release_changes(self.name)
+                    await self.changelog.release(self.name)
             except (BackendUnavailable, TimeoutError):
                 pass  # the leases lapse by themselves
             except Exception:  # must not replace the CancelledError that is ending the task
@@ -176,7 +194,7 @@ class Fanout:
             try:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
-                batch = await self.backend.read_changes(self.name, settings.fanout_batch, 1000)
+                batch = await self.changelog.read(self.name, settings.fanout_batch, 1000)
                 await self._process_to_the_end(batch)
                 failing, attempts = None, 0
                 backoff = 0.05
@@ -200,8 +218,9 @@ class Fanout:
                         logger.exception("fan-out batch of %d changes failed %d times in %.0fs; dropping %s",
                                          len(batch), attempts, loop.time() - since,
                                          ", ".join(cid for cid, _ in batch))
+                        self._dropped.inc()
                         try:
-                            await self.backend.ack_changes([cid for cid, _ in batch])
+                            await self.changelog.ack([cid for cid, _ in batch])
                         except Exception:  # it is handed out again and tried once more
                             raise_if_cancelled()
                             logger.exception("could not drop the failing batch")

@@ -1,8 +1,8 @@
 """MCP methods, shared by every transport and both eras.
 
-The transports parse, authenticate and route; this module validates params, calls the
-resources and the backend, and shapes results for the caller's era. ``subscriptions/listen``
-streams, so its transports serve it, but the checks before its ack live here too.
+The dispatcher (``broker.dispatch``) routes; this module validates params, calls the resources
+and the subscription index, and shapes results for the caller's era. ``subscriptions/listen``
+streams, so the dispatcher opens it, but the checks of its filter live here too.
 
 Deliberate departures from the specification, each with its reason:
 
@@ -16,21 +16,21 @@ Deliberate departures from the specification, each with its reason:
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from broker.auth import Principal
-from broker.backends.base import SessionRecord
+from broker.backends.base import SubscriptionIndex
+from broker.backends.types import SessionRecord
+from broker.config import Settings
 from broker.errors import BackendUnavailable, LimitExceeded, NotFound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
-from broker.resources.base import BadCursor
+from broker.resources.base import BadCursor, Resources
 from broker.uris import BadUri, check_uri
-
-if TYPE_CHECKING:
-    from broker.core import Broker
 
 __all__ = ["Call", "Methods"]
 
@@ -42,8 +42,9 @@ LEGACY_METHODS: Final = frozenset({
     "ping", "resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
     "resources/unsubscribe",
 })
+#: ``subscriptions/listen`` is modern too, but streams: the dispatcher opens it (``Dispatcher.listen``).
 MODERN_METHODS: Final = frozenset({
-    "server/discover", "resources/list", "resources/read", "resources/templates/list", "subscriptions/listen",
+    "server/discover", "resources/list", "resources/read", "resources/templates/list",
 })
 
 
@@ -56,10 +57,27 @@ class Call:
     session: SessionRecord | None = None
 
 
+Handler = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
 class Methods:
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.settings = broker.settings
+    """The request methods of both eras, each a handler from params to result; the one registry of them."""
+
+    def __init__(self, settings: Settings, resources: Resources, subscriptions: SubscriptionIndex,
+                 server_info: dict[str, Any]) -> None:
+        self.settings = settings
+        self.resources = resources
+        self.subscriptions = subscriptions
+        self.server_info = server_info
+        self._handlers: dict[str, Handler] = {
+            "ping": self._ping,
+            "server/discover": self._server_discover,
+            "resources/list": self._resources_list,
+            "resources/read": self._resources_read,
+            "resources/templates/list": self._resources_templates_list,
+            "resources/subscribe": self._resources_subscribe,
+            "resources/unsubscribe": self._resources_unsubscribe,
+        }
 
     # -- validation ------------------------------------------------------------------------
     def uri_param(self, params: dict[str, Any], name: str = "uri", *, canonical: bool = True) -> str:
@@ -84,16 +102,16 @@ class Methods:
     def check_watch(self, call: Call, uri: str) -> None:
         """May the caller watch ``uri``? The same predicate as read. Raises the era's not-found error."""
         self.check_uri(uri)
-        if not self.broker.resources.can_watch(call.principal, uri):
+        if not self.resources.can_watch(call.principal, uri):
             raise self.not_found(call, uri)
 
     # -- dispatch ---------------------------------------------------------------------------
     async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one request; returns its result. Raises RpcError."""
         known = MODERN_METHODS if call.modern else LEGACY_METHODS
-        if method not in known or method == "subscriptions/listen":
+        if method not in known:
             raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
-        handler = getattr(self, "_" + method.replace("/", "_"))
+        handler = self._handlers[method]
         try:
             result: dict[str, Any] = await handler(call, params)
         except (rpc.RpcError, BackendUnavailable):
@@ -103,7 +121,7 @@ class Methods:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Internal error") from exc
         if call.modern:
             result["resultType"] = "complete"
-            result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.broker.server_info
+            result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.server_info
             if method in _CACHEABLE:
                 result.setdefault("ttlMs", 0)
                 result.setdefault("cacheScope", "private")
@@ -134,7 +152,7 @@ class Methods:
         return {
             "protocolVersion": version,
             "capabilities": capabilities(),
-            "serverInfo": self.broker.server_info,
+            "serverInfo": self.server_info,
             "instructions": self.settings.instructions,
         }
 
@@ -156,7 +174,7 @@ class Methods:
         if cursor is not None and not isinstance(cursor, str):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
         try:
-            page, next_cursor = await self.broker.resources.list_page(call.principal, cursor, self.settings.page_size)
+            page, next_cursor = await self.resources.list_page(call.principal, cursor, self.settings.page_size)
         except BadCursor as exc:
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor}) from exc
         result: dict[str, Any] = {"resources": page}
@@ -171,12 +189,12 @@ class Methods:
         if cursor is not None:
             # One page holds every template; only a cursor this listing never issues can arrive here.
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
-        return {"resourceTemplates": self.broker.resources.templates(call.principal)}
+        return {"resourceTemplates": self.resources.templates(call.principal)}
 
     async def _resources_read(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         uri = self.uri_param(params)
         try:
-            contents = await self.broker.resources.read(call.principal, uri)
+            contents = await self.resources.read(call.principal, uri)
         except NotFound as exc:
             raise self.not_found(call, uri) from exc
         return {"contents": contents}
@@ -187,7 +205,7 @@ class Methods:
         session = self._session(call)
         limit = self.settings.max_subscriptions_per_session
         try:
-            await self.broker.backend.add_subscription(session.id, session.tenant, uri, limit)
+            await self.subscriptions.add(session.id, session.tenant, uri, limit)
         except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"Subscription limit reached: {limit} URIs per session",
                                {"limit": limit}) from exc
@@ -197,7 +215,7 @@ class Methods:
         # Not held to the canonical spelling: a subscription made before that rule can still go.
         uri = self.uri_param(params, canonical=False)
         session = self._session(call)
-        await self.broker.backend.remove_subscription(session.id, session.tenant, uri)
+        await self.subscriptions.remove(session.id, session.tenant, uri)
         return {}
 
     @staticmethod
@@ -242,8 +260,3 @@ class Methods:
         if "resourceSubscriptions" in spec:
             ack["resourceSubscriptions"] = uris
         return uris, list_changed, ack
-
-    def check_listen_capacity(self) -> None:
-        if len(self.broker.hub.listens) >= self.settings.max_listens:
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
-                               {"limit": self.settings.max_listens})

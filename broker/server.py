@@ -32,7 +32,7 @@ import socket
 import uvicorn
 from uvicorn.supervisors import multiprocess
 
-from broker.core import RUNNING
+from broker.runtime import RUNNING
 
 __all__ = ["BrokerServer", "run_workers"]
 
@@ -51,7 +51,7 @@ class BrokerServer(uvicorn.Server):
         if drain > 0:
             self._close_after_each_reply()
         for broker in list(RUNNING):
-            await broker.hub.shutdown()
+            await broker.end_streams()
         if drain > 0:
             await self._drain(drain)
         await super().shutdown(sockets)

@@ -7,17 +7,28 @@ import time
 from typing import Any
 
 from broker.auth import Principal
-from broker.backends.base import Backend, SessionRecord
-from broker.config import Settings
+from broker.backends.base import Inboxes, SessionStore
+from broker.backends.types import SessionRecord
 from broker.errors import LimitExceeded, SessionNotFound
 
-__all__ = ["Sessions"]
+#: A session, as the transports hold it (the record the backend stores).
+__all__ = ["SessionRecord", "Sessions"]
+
+#: Session ids longer than this are never looked up (ours are 32 characters).
+MAX_SESSION_ID = 128
 
 
 class Sessions:
-    def __init__(self, settings: Settings, backend: Backend) -> None:
-        self.settings = settings
-        self.backend = backend
+    """The sessions of the handshake era, as the transports see them.
+
+    A session id is a bearer secret bound to the principal that created it: a lookup by any
+    other principal is a miss, as if the session did not exist.
+    """
+
+    def __init__(self, store: SessionStore, inboxes: Inboxes, max_sessions: int) -> None:
+        self.store = store
+        self.inboxes = inboxes
+        self.max_sessions = max_sessions
 
     async def create(self, principal: Principal, version: str, client_info: dict[str, Any],
                      capabilities: dict[str, Any]) -> SessionRecord:
@@ -26,19 +37,19 @@ class Sessions:
         Raises:
             LimitExceeded: ``max_sessions`` live sessions exist already.
         """
-        if await self.backend.count_sessions() >= self.settings.max_sessions:
+        if await self.store.count() >= self.max_sessions:
             raise LimitExceeded("too many sessions")
         record = SessionRecord(
             id=secrets.token_urlsafe(24),
             tenant=principal.tenant,
             principal=principal.key,
             protocol_version=version,
-            epoch=self.backend.epoch,
+            epoch=self.store.epoch,
             created_at=time.time(),
             client_info=client_info,
             client_capabilities=capabilities,
         )
-        await self.backend.create_session(record)
+        await self.store.create(record)
         return record
 
     async def load(self, session_id: str, principal: Principal) -> SessionRecord:
@@ -47,16 +58,22 @@ class Sessions:
         Raises:
             SessionNotFound: unknown, expired or ended, or created by another principal.
         """
-        if not session_id or len(session_id) > 128:
+        if not session_id or len(session_id) > MAX_SESSION_ID:
             raise SessionNotFound(session_id)
-        record = await self.backend.get_session(session_id, touch_as=principal.key)
+        record = await self.store.get(session_id, touch_as=principal.key)
         # A session of another principal is indistinguishable from one that does not exist
         # (and its idle clock is left alone).
         if record is None or record.principal != principal.key:
             raise SessionNotFound(session_id)
         return record
 
+    async def initialized(self, session_id: str) -> None:
+        """The client sent ``notifications/initialized``."""
+        await self.store.update(session_id, initialized=True)
+
     async def end(self, session_id: str) -> None:
-        await self.backend.delete_session(session_id)
-        # Wake the stream of the session, wherever it is, so it closes.
-        await self.backend.claim_stream(session_id)
+        """Delete the session, then close its stream, wherever it is."""
+        await self.store.delete(session_id)
+        # A claim of a session that no longer exists is a takeover by nobody (``CLOSE_ALL``):
+        # every stream of the session ends, on whichever worker holds it.
+        await self.inboxes.claim_stream(session_id)

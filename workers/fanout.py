@@ -15,8 +15,8 @@ import signal
 
 from broker.backends import create_backend
 from broker.config import Settings
-from broker.core import stop_tasks
 from broker.fanout import Fanout
+from broker.tasks import stop_tasks
 
 __all__ = ["main", "run"]
 

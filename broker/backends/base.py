@@ -1,8 +1,22 @@
-"""The Backend seam: everything that outlives one HTTP request lives behind this protocol.
+"""The backend seam: everything that outlives one HTTP request lives behind these protocols.
+
+A backend is a handful of small stores, one per concern, each its own protocol:
+
+================  =================================================================
+``sessions``      ``SessionStore``: session records, their idle clocks, restoring
+``subscriptions`` ``SubscriptionIndex``: a session's URIs and URI -> subscribers
+``inboxes``       ``Inboxes``: per-session frames, wake-ups, the one live stream
+``changelog``     ``ChangeLog``: published changes, read by fan-out under leases
+``broadcast``     ``Broadcast``: processed changes to every process's listens
+``records``       ``RecordStore``: the built-in JSON records, written with their change
+``leases``        ``Leases``: named cluster-wide leases (a change source on one worker)
+================  =================================================================
 
 Two implementations exist: ``memory`` (one process, the embedded default and the reference
-implementation) and ``redis`` (any number of workers). Both pass the same contract suite in
-``tests/contract``. The guarantees every implementation gives:
+implementation) and ``redis`` (any number of workers), each split the same way, a module per
+store. Both pass the same contract suite in ``tests/contract``. What crosses the seam is in
+``broker.backends.types``, with the rules both backends apply alike (the gap decision, the
+change positions, the handler registry). The guarantees every implementation gives:
 
 Sessions
     A session record is created once, bound to the principal and tenant that created it, and
@@ -10,23 +24,22 @@ Sessions
     removes its subscriptions from the index and drops its inbox.
 
 Subscriptions
-    ``add_subscription`` updates the session's durable subscription set and the
-    URI -> subscribers index in one atomic step; so does ``remove_subscription``. Both are
-    idempotent, and both wake the session's watcher with the URI (a ``subscribe`` or
-    ``unsubscribe`` wake, in the order the changes were made), so an open stream keeps an
-    exact copy of the set without reading it again.
+    ``add`` updates the session's durable subscription set and the URI -> subscribers index
+    in one atomic step; so does ``remove``. Both are idempotent, and both wake the session's
+    watcher with the URI (a ``subscribe`` or ``unsubscribe`` wake, in the order the changes
+    were made), so an open stream keeps an exact copy of the set without reading it again.
 
 Restoring
-    ``restore_session`` re-creates a session that the store lost (its data generation, the
-    backend ``epoch``, changed) from the copy an open stream holds: the same id, tenant and
-    principal, the current epoch, an empty inbox, and the given subscriptions in the index.
-    It never overwrites a live session.
+    ``SessionStore.restore`` re-creates a session that the store lost (its data generation,
+    ``epoch``, changed) from the copy an open stream holds: the same id, tenant and principal,
+    the current epoch, an empty inbox, and the given subscriptions in the index. It never
+    overwrites a live session.
 
 Inboxes
     Each session has a bounded inbox of frames with strictly increasing integer offsets.
-    ``append_frames`` appends each session's frames and wakes the stream that watches that
-    session in one atomic step per session, so a watcher that registered before reading the
-    inbox can never miss a frame (the replay -> live handoff, docs/ARCHITECTURE.md). Frames are kept
+    ``append`` appends each session's frames and wakes the stream that watches that session in
+    one atomic step per session, so a watcher that registered before reading the inbox can
+    never miss a frame (the replay -> live handoff, docs/ARCHITECTURE.md). Frames are kept
     while they are among the newest ``inbox_maxlen`` and younger than ``inbox_retention`` seconds.
     Appends are idempotent per change: a frame that names the change behind it
     (``Frame.change``) is skipped when an earlier call already appended to that session a frame
@@ -35,41 +48,43 @@ Inboxes
     what is skipped is exactly a repeat (or a lapsed holder's late frame, which would otherwise
     cross newer ones). Frames of one call are weighed against what came before the call, so
     the frames of one change to several URIs all land.
-    ``read_inbox`` returns frames strictly after a cursor, in offset order, and reports a
-    *gap* when the cursor cannot be honoured: another epoch, an offset older than what is
-    retained, or an offset beyond the newest frame (data that was lost).
+    ``read`` returns frames strictly after a cursor, in offset order, and reports a *gap*
+    when the cursor cannot be honoured (``types.inbox_gap``): another epoch, an offset older
+    than what is retained, or an offset beyond the newest frame (data that was lost).
 
 Change log
     ``publish`` appends a change durably and returns its id, or refuses it before appending
     anything: ``QuotaExceeded`` when its tenant has ``changelog_tenant_max`` changes not yet
     fanned out, ``LogFull`` when its partition holds ``changelog_maxlen``; the check, the
     append and the count are one atomic step. A change leaves the log only once it is
-    acknowledged: nothing unread or pending is ever dropped to make room. ``read_changes`` hands each
-    change to exactly one consumer of the fan-out group; it stays pending until ``ack_changes``.
+    acknowledged: nothing unread or pending is ever dropped to make room. ``read`` hands each
+    change to exactly one consumer of the fan-out group; it stays pending until ``ack``.
     Each partition of the log is read by one consumer at a time, the holder of its lease
     (renewed by every read, lapsing ``fanout_claim_idle_ms`` after the last), so changes are
     fanned out in the order they were published; a consumer that takes a partition over first
-    gets what the last holder left pending. ``claim_changes`` moves changes that stayed pending
-    longer than ``min_idle_ms`` to the caller: delivery is at least once. ``release_changes``
-    gives up a consumer's leases (it is stopping), so another takes over at once.
+    gets what the last holder left pending, and what it was handed and did not acknowledge by
+    its next read comes again first: delivery is at least once. ``release`` gives up a
+    consumer's leases (it is stopping), so another takes over at once.
 
 Listen broadcast
-    ``broadcast`` delivers a change that fan-out processed to every worker's ``on_broadcast``
-    handlers (modern listens live on whichever worker holds their stream). There is no replay
-    (a listen stream has none by specification), but no silent loss either: when broadcasts to
-    this process may have been lost (on Redis, its pub/sub connection dropped), the ``on_lost``
-    callback given to ``on_broadcast`` is called once the broadcast channel is subscribed again,
-    so that every broadcast from then on arrives; the caller resynchronises its listens. A
-    backend that cannot lose a broadcast (memory) never calls it. Each change is broadcast with
-    its id, and a process hands a change to its handlers at most once: one that is not newer
-    than the newest it handed on from the same partition is a repeat (a batch redone after its
-    broadcast went out) or a lapsed holder's late batch, and is dropped, so listens get no
-    duplicate and no crossing either.
+    ``Broadcast.publish`` delivers changes that fan-out processed to every process's
+    ``subscribe``\\ d handlers (modern listens live on whichever worker holds their stream).
+    There is no replay (a listen stream has none by specification), but no silent loss either:
+    when broadcasts to this process may have been lost (on Redis, its pub/sub connection
+    dropped), the ``on_lost`` callback is called once the channel is subscribed again, so that
+    every broadcast from then on arrives; the caller resynchronises its listens. A backend that
+    cannot lose a broadcast (memory) never calls it. Each change is broadcast with its id, and
+    a process hands a change to its handlers at most once (``types.BroadcastFilter``), so
+    listens get no duplicate and no crossing either.
 
 Records
-    JSON records of the built-in collections. ``write_record`` and ``delete_record`` store the
-    record and publish its change in one atomic step, so an acknowledged write is never
-    missing from the change log.
+    JSON records of the built-in collections. ``write`` and ``delete`` store the record and
+    publish its change in one atomic step, so an acknowledged write is never missing from the
+    change log.
+
+Leases
+    A named lease is held by one owner at a time, for ``ttl_ms`` after its last ``hold``; an
+    owner that stops renewing loses it to the next that asks.
 
 Errors
     Every method may raise :class:`broker.errors.BackendUnavailable` when the store cannot be
@@ -78,232 +93,85 @@ Errors
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from broker.backends.types import (
+    CLOSE_ALL,
+    BroadcastHandler,
+    BroadcastLostHandler,
+    Frame,
+    InboxRead,
+    SessionRecord,
+    StreamClaim,
+    StreamStart,
+    Wake,
+    WakeHandler,
+)
 from broker.changes import Change
 
-if TYPE_CHECKING:
-    from broker.config import Settings
-
+#: The data types of the seam are re-exported here, beside the protocols that exchange them.
 __all__ = [
     "CLOSE_ALL",
     "Backend",
-    "BroadcastFilter",
+    "Broadcast",
     "BroadcastHandler",
     "BroadcastLostHandler",
+    "ChangeLog",
     "Frame",
     "InboxRead",
+    "Inboxes",
+    "Leases",
+    "RecordStore",
     "SessionRecord",
+    "SessionStore",
     "StreamClaim",
     "StreamStart",
+    "SubscriptionIndex",
     "Wake",
     "WakeHandler",
-    "record_quota_message",
-    "change_position",
-    "deliver_broadcast",
 ]
 
-logger = logging.getLogger(__name__)
 
+class SessionStore(Protocol):
+    """Legacy session records: created, read (and touched), ended, expired, restored."""
 
-def record_quota_message(settings: Settings, *, count: bool) -> str:
-    """What a write refused by the tenant's record quota is told, from either backend."""
-    if count:
-        return f"the tenant's record quota is reached: at most {settings.max_records_per_tenant} records"
-    return f"the tenant's record quota is reached: at most {settings.max_record_bytes_per_tenant} bytes of records"
+    @property
+    def epoch(self) -> str:
+        """Short identifier of the store's data generation; a store that lost its data gets a new one."""
 
+    async def create(self, record: SessionRecord) -> None:
+        """Store a new session (its ``epoch`` is set to the current one) with an empty inbox."""
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One message waiting in a session inbox.
-
-    ``key`` names what the frame is about (``u:<uri>`` for an update, ``l`` for list_changed);
-    a slow reader may keep only the newest frame of each key in a batch, because both are
-    level triggers. ``data`` is the encoded JSON-RPC notification. ``change`` is the id of the
-    change the frame announces (``''`` for frames no change is behind); only ``append_frames``
-    reads it, it is not stored, and it takes no part in comparisons.
-    """
-
-    key: str
-    data: bytes
-    change: str = field(default="", compare=False)
-
-
-def change_position(change_id: str) -> tuple[str, str] | None:
-    """A change id as (partition, position): positions of one partition compare as strings in log order.
-
-    Ids are ``[<partition>:]<ms>-<seq>`` (a Redis stream id; the memory backend has no
-    partition). The position is both numbers zero-padded to 20 digits, digits only, so a Lua
-    script compares it exactly, without numbers (doubles) and whatever the server's collation.
-    None for an id of another form: such a frame is appended unconditionally.
-    """
-    partition, _, entry = change_id.rpartition(":")
-    ms, _, seq = entry.partition("-")
-    if not (entry.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 20 and len(seq) <= 20):
-        return None
-    return partition, ms.rjust(20, "0") + seq.rjust(20, "0")
-
-
-def deliver_broadcast(handlers: Sequence[BroadcastHandler], changes: Sequence[Change]) -> None:
-    """Hand each change to each handler; one that fails costs that change and that handler alone."""
-    for handler in list(handlers):
-        for change in changes:
-            try:
-                handler(change)
-            except Exception:  # a handler's bug must not cost every other listen the rest of the batch
-                logger.exception("a broadcast handler failed on a change of %s", change.uri)
-
-
-class BroadcastFilter:
-    """Which broadcast changes a process has not handed on yet: the newest position per partition.
-
-    Fan-out broadcasts a partition's changes in log order (one holder at a time), so a change
-    whose position is not beyond the newest one seen from its partition was handed on already
-    (a redone batch) or is older than one that was (a lapsed holder's late batch). Changes
-    with an id of another form always pass. A dict entry per partition: nothing per change.
-    """
-
-    __slots__ = ("_newest",)
-
-    def __init__(self) -> None:
-        self._newest: dict[str, str] = {}
-
-    def fresh(self, change_id: str) -> bool:
-        position = change_position(change_id)
-        if position is None:
-            return True
-        partition, at = position
-        if at <= self._newest.get(partition, ""):
-            return False
-        self._newest[partition] = at
-        return True
-
-
-
-@dataclass(slots=True)
-class SessionRecord:
-    """The durable part of a legacy (handshake-era) session."""
-
-    id: str
-    tenant: str
-    principal: str
-    protocol_version: str
-    epoch: str
-    created_at: float
-    client_info: dict[str, Any] = field(default_factory=dict)
-    client_capabilities: dict[str, Any] = field(default_factory=dict)
-    initialized: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class InboxRead:
-    """What ``read_inbox`` found after a cursor.
-
-    ``head`` is the newest offset in the inbox (0 when it never held a frame); on a gap,
-    ``frames`` is empty and the caller resynchronises, then continues from ``head``.
-    ``gone``: the session no longer exists (ended, expired, or lost with the store's data;
-    ``epoch`` is then the store's current one, so a caller can tell loss from an ending).
-    """
-
-    epoch: str
-    frames: list[tuple[int, Frame]]
-    gap: bool
-    head: int
-    gone: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Wake:
-    """A wake-up for the stream watching a session.
-
-    ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (the stream that
-    claimed the session as ``generation`` now holds it; every stream of an older generation
-    must close), or ``subscribe`` / ``unsubscribe`` (``uri`` joined or left the session's
-    subscriptions).
-    """
-
-    kind: str
-    offset: int = 0
-    generation: int = 0
-    uri: str = ""
-    #: The frame at ``offset``, when the backend can carry it (saves the stream a read).
-    frame: Frame | None = None
-
-
-#: The generation of a takeover that closes every stream of the session (it was deleted).
-CLOSE_ALL = 2**63 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class StreamClaim:
-    """The outcome of ``claim_stream``."""
-
-    #: Whether the session had a stream before this claim.
-    had_stream: bool
-    #: This claim's generation; larger than every earlier claim's of the session.
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStart:
-    """The outcome of ``start_stream``."""
-
-    subscriptions: set[str]
-    claim: StreamClaim
-    read: InboxRead
-
-
-WakeHandler = Callable[[Wake], None]
-BroadcastHandler = Callable[[Change], None]
-#: Called when broadcasts may have been lost; the channel is live again by then.
-BroadcastLostHandler = Callable[[], None]
-
-
-class Backend(Protocol):
-    """Shared state of the broker. See the module docstring for the guarantees."""
-
-    #: Short identifier of this backend's data generation; a store that lost its data gets a new one.
-    epoch: str
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def ping(self) -> None:
-        """Raise ``BackendUnavailable`` when the store cannot be reached."""
-
-    # -- sessions -----------------------------------------------------------------------
-    async def create_session(self, record: SessionRecord) -> None: ...
-
-    async def get_session(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
+    async def get(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
         """The session's record, or None. ``touch_as`` (a principal key) also restarts its idle
         clock in the same step, when the session belongs to that principal."""
 
-    async def update_session(self, session_id: str, **fields: Any) -> None: ...
+    async def update(self, session_id: str, **fields: Any) -> None: ...
 
-    async def touch_sessions(self, session_ids: Sequence[str]) -> None:
+    async def touch(self, session_ids: Sequence[str]) -> None:
         """Restart the idle clock of each live session (unknown ids are ignored)."""
 
-    async def delete_session(self, session_id: str) -> bool:
+    async def delete(self, session_id: str) -> bool:
         """End a session: record, subscriptions, index entries and inbox. False if unknown."""
 
-    async def restore_session(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
+    async def restore(self, record: SessionRecord, subscriptions: Collection[str]) -> bool:
         """Re-create a session the store lost, with ``subscriptions``; sets ``record.epoch`` to the current epoch.
 
         Returns False, changing nothing, when a session with that id exists (someone restored
-        it first, or it was never lost); the caller then reads it with ``get_session``.
+        it first, or it was never lost); the caller then reads it with ``get``.
         """
 
-    async def count_sessions(self) -> int: ...
+    async def count(self) -> int: ...
 
-    async def expire_sessions(self) -> int:
+    async def expire(self) -> int:
         """Remove sessions idle longer than the TTL; returns how many (a no-op where the store expires keys)."""
 
-    # -- subscriptions --------------------------------------------------------------------
-    async def add_subscription(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
+
+class SubscriptionIndex(Protocol):
+    """A session's subscribed URIs and, the other way round, each URI's subscribers."""
+
+    async def add(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
         """Subscribe; returns the session's subscription count after the call (0: the session is gone).
 
         Raises:
@@ -311,17 +179,20 @@ class Backend(Protocol):
                 nothing changes then. The check and the add are one atomic step.
         """
 
-    async def remove_subscription(self, session_id: str, tenant: str, uri: str) -> None: ...
+    async def remove(self, session_id: str, tenant: str, uri: str) -> None: ...
 
-    async def get_subscriptions(self, session_id: str) -> set[str]: ...
+    async def of_session(self, session_id: str) -> set[str]: ...
 
     async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
         """Session ids subscribed to each URI (URIs without subscribers may be left out)."""
 
     async def tenant_sessions(self, tenant: str) -> list[str]: ...
 
-    # -- inboxes and wake-ups ------------------------------------------------------------
-    async def append_frames(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+
+class Inboxes(Protocol):
+    """Each session's frames, the wake-ups of the stream that watches it, and its one live stream."""
+
+    async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         """Append ``(session_id, frame)`` pairs; returns the session ids that no longer exist.
 
         A frame whose ``change`` is not newer than the newest change of its partition that an
@@ -329,7 +200,7 @@ class Backend(Protocol):
         offset and wakes nobody.
         """
 
-    async def read_inbox(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead: ...
+    async def read(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead: ...
 
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
         """Call ``handler`` on every wake-up of the session until the returned function is awaited.
@@ -347,9 +218,12 @@ class Backend(Protocol):
 
     async def start_stream(self, session_id: str, epoch: str, after: int, limit: int) -> StreamStart:
         """What a stream that just began watching needs, in one step: the session's subscriptions,
-        its claim (``claim_stream``) and then the first read of its inbox (``read_inbox``)."""
+        its claim (``claim_stream``) and then the first read of its inbox (``read``)."""
 
-    # -- change log and fan-out ------------------------------------------------------------
+
+class ChangeLog(Protocol):
+    """Published changes, waiting for fan-out."""
+
     async def publish(self, change: Change) -> str:
         """Append a change; its id.
 
@@ -367,20 +241,24 @@ class Backend(Protocol):
                 partitions (several tenants), those of the others may have been appended.
         """
 
-    async def read_changes(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]: ...
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        """Up to ``count`` changes for ``consumer`` from the partitions it holds, waiting up to ``block_ms``."""
 
-    async def ack_changes(self, ids: Sequence[str]) -> None:
+    async def ack(self, ids: Sequence[str]) -> None:
         """Mark changes processed: they leave their tenant's count and may be trimmed from the log."""
 
-    async def claim_changes(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]: ...
+    async def release(self, consumer: str) -> None:
+        """Give up ``consumer``'s leases: another consumer takes its partitions at once."""
 
-    async def release_changes(self, consumer: str) -> None: ...
 
-    async def broadcast(self, changes: Sequence[tuple[str, Change]]) -> None:
+class Broadcast(Protocol):
+    """Processed changes, to every process of the deployment (for the listens each one holds)."""
+
+    async def publish(self, changes: Sequence[tuple[str, Change]]) -> None:
         """Hand ``(change id, change)`` pairs, in log order per partition, to every process's handlers."""
 
-    async def on_broadcast(self, handler: BroadcastHandler,
-                           on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+    async def subscribe(self, handler: BroadcastHandler,
+                        on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
         """Call ``handler`` with every broadcast change until the returned function is awaited.
 
         Returns once the subscription is active. ``on_lost`` is called whenever broadcasts may
@@ -390,9 +268,12 @@ class Backend(Protocol):
             BackendUnavailable: the subscription could not be made active.
         """
 
-    # -- records ---------------------------------------------------------------------------
-    async def write_record(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
-                           expect: bytes | None = None) -> bool:
+
+class RecordStore(Protocol):
+    """The built-in record collections: each write or delete lands with its change, atomically."""
+
+    async def write(self, tenant: str, collection: str, record_id: str, data: bytes, change: Change,
+                    expect: bytes | None = None) -> bool:
         """Store a record and publish its change atomically; True when the record is new.
 
         ``change`` is published as given for a record that existed, and with kind ``created``
@@ -406,14 +287,45 @@ class Backend(Protocol):
         Raises:
             WriteConflict: ``expect`` was given and the stored value differs, or is gone.
             LimitExceeded: the write would pass the tenant's quota (message: ``record_quota_message``).
+            QuotaExceeded, LogFull: the change log refused the change; nothing was stored.
         """
 
-    async def read_record(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
+    async def read(self, tenant: str, collection: str, record_id: str) -> bytes | None: ...
 
-    async def delete_record(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
+    async def delete(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
         """Delete a record and publish its change atomically, freeing its share of the tenant's quota."""
 
-    async def list_records(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
+    async def ids(self, tenant: str, collection: str, after: str, limit: int) -> list[str]:
         """Record ids of a collection in ascending order, strictly after ``after`` ('' for the start)."""
 
-    async def list_collections(self, tenant: str) -> list[str]: ...
+    async def collections(self, tenant: str) -> list[str]: ...
+
+
+class Leases(Protocol):
+    """Named leases, one holder at a time across the deployment."""
+
+    async def hold(self, name: str, owner: str, ttl_ms: int) -> bool:
+        """Take the lease, or renew it when ``owner`` holds it, for ``ttl_ms``; False when another holds it."""
+
+    async def release(self, name: str, owner: str) -> None:
+        """Give the lease up when ``owner`` holds it."""
+
+
+class Backend(Protocol):
+    """One backend: its stores, and the lifecycle they share (one connection pool, one epoch)."""
+
+    sessions: SessionStore
+    subscriptions: SubscriptionIndex
+    inboxes: Inboxes
+    changelog: ChangeLog
+    broadcast: Broadcast
+    records: RecordStore
+    leases: Leases
+
+    async def start(self) -> None:
+        """Connect and agree on the data generation. Raises ``BackendUnavailable``."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise ``BackendUnavailable`` when the store cannot be reached."""

@@ -23,13 +23,16 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonrpc import Message
-from broker.protocol.versions import MODERN_VERSIONS
+from broker.protocol.versions import LEGACY_VERSIONS, MODERN_VERSIONS
 
-__all__ = ["PROTOCOL_VERSION_KEY", "check_headers", "check_meta", "decode_header_value", "has_modern_meta"]
+__all__ = ["PROTOCOL_VERSION_KEY", "Era", "check_headers", "check_meta", "decode_header_value", "has_modern_meta",
+           "http_era", "stdio_era"]
+
+Era = Literal["legacy", "modern"]
 
 PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
@@ -44,6 +47,30 @@ def has_modern_meta(obj: Any) -> bool:
     params = obj.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     return isinstance(meta, dict) and PROTOCOL_VERSION_KEY in meta
+
+
+def http_era(version_header: str | None, obj: Any) -> Era | None:
+    """The era of an HTTP POST body (docs/PROTOCOL.md, "Two eras on one endpoint"); None for a version
+    header nobody speaks without the modern envelope (a 400).
+
+    A legacy version header is legacy; a modern one, or the modern ``_meta`` envelope on anything
+    but ``initialize``, is modern (an unknown version with the envelope is answered the modern
+    way, -32022); no header at all is legacy.
+    """
+    if version_header in LEGACY_VERSIONS:
+        return "legacy"
+    is_initialize = isinstance(obj, dict) and obj.get("method") == "initialize"
+    if version_header in MODERN_VERSIONS or (not is_initialize and has_modern_meta(obj)):
+        return "modern"
+    return None if version_header is not None else "legacy"
+
+
+def stdio_era(obj: Any, method: str | None, has_session: bool) -> Era:
+    """The era of one stdio message: the modern envelope, or anything but ``initialize`` and ``ping``
+    before a session exists, is modern; the rest belongs to the legacy session."""
+    if has_modern_meta(obj) or (not has_session and method not in ("initialize", "ping")):
+        return "modern"
+    return "legacy"
 
 
 def check_meta(msg: Message, header: Callable[[str], str | None] | None = None) -> tuple[str, dict[str, Any]]:

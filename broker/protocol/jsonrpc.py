@@ -53,15 +53,18 @@ Id = str | int
 class RpcError(Exception):
     """A JSON-RPC error to send back to the peer.
 
-    ``status`` is the HTTP status the transport should use when the error is the whole reply.
+    ``status`` is the HTTP status the transport should use when the error is the whole reply;
+    ``retry_after`` (seconds), when set, goes with it as ``Retry-After``.
     """
 
-    def __init__(self, code: int, message: str, data: Any = None, *, status: int = 200) -> None:
+    def __init__(self, code: int, message: str, data: Any = None, *, status: int = 200,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
         self.status = status
+        self.retry_after = retry_after
 
     def __repr__(self) -> str:
         return f"RpcError(code={self.code}, message={self.message!r}, status={self.status})"

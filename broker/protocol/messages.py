@@ -6,11 +6,9 @@ from typing import Any, Final
 
 from broker.protocol.jsonrpc import Id, encode_notification, encode_result
 
-__all__ = ["SERVER_INFO_KEY", "capabilities", "complete_result", "notification"]
+__all__ = ["SERVER_INFO_KEY", "capabilities", "complete_result", "encode_notification"]
 
 SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
-
-notification = encode_notification
 
 
 def capabilities() -> dict[str, Any]:

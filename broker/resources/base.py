@@ -1,8 +1,8 @@
 """The provider seam and the registry that pages across providers.
 
 A provider answers for the URIs it owns. Changes never flow through a provider's return
-values: a provider whose data changes calls :meth:`broker.core.Broker.publish` (or the
-backend's record writes publish for it).
+values: a provider whose data changes comes with a change source (``broker.sources``) that
+publishes them, or calls ``Broker.publish`` (the record collections publish with each write).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class BadCursor(ValueError):
 
 
 class ResourceProvider(Protocol):
+    """Answers list, read and templates for the URIs it owns; the same access rule for read and watch."""
+
     def owns(self, uri: str) -> bool:
         """True when this provider answers for ``uri`` (it may still not exist)."""
 
@@ -63,7 +65,8 @@ class Resources:
         self.providers: list[ResourceProvider] = list(providers)
 
     def register(self, provider: ResourceProvider) -> None:
-        self.providers.append(provider)
+        """Add a provider that answers before those registered earlier (custom ones before the built-ins)."""
+        self.providers.insert(0, provider)
 
     def owner(self, uri: str) -> ResourceProvider | None:
         for provider in self.providers:

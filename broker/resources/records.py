@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import itertools
 import random
 import time
@@ -21,16 +22,17 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from broker.auth import Principal
-from broker.backends.base import Backend
-from broker.changes import Change, ChangeKind, ChangeRules
+from broker.backends.base import RecordStore
+from broker.changes import Change, ChangeKind
 from broker.errors import NotFound, WriteConflict
 from broker.protocol.jsonbounds import JsonRefused, check_json
 from broker.uris import SCHEME, collection_uri, parse_record_uri, record_uri
 
 if TYPE_CHECKING:
     from broker.config import Settings
+    from broker.publisher import Publisher
 
-__all__ = ["InvalidRecord", "RecordStore", "RecordTooLarge", "RecordsProvider", "merge_patch"]
+__all__ = ["InvalidRecord", "RecordTooLarge", "Records", "RecordsProvider", "merge_patch"]
 
 Json = dict[str, Any]
 #: How many record ids a collection read shows; the full listing is paged by resources/list.
@@ -82,14 +84,18 @@ class _Turn:
         self.users = 0
 
 
-class RecordStore:
-    """Reads and writes records for the REST API, the CLI and the demo."""
+class Records:
+    """Reads and writes records for the REST API, the CLI and the demo.
 
-    def __init__(self, backend: Backend, settings: Settings, rules: ChangeRules | None = None) -> None:
-        self.backend = backend
+    Each write's change goes through the ``Publisher``: its ``meta`` is checked by the same rules
+    as every published change, and its outcome is counted with them.
+    """
+
+    def __init__(self, store: RecordStore, settings: Settings, publisher: Publisher) -> None:
+        self.store = store
+        self.publisher = publisher
         self.max_bytes = settings.max_record_bytes
         self.max_depth = settings.max_record_depth
-        self.rules = rules or ChangeRules.from_settings(settings)
         # Patches of one record queue here, so within a worker they take turns instead of
         # racing; compare-and-set only arbitrates between workers.
         self._turns: dict[tuple[str, str, str], _Turn] = {}
@@ -128,9 +134,13 @@ class RecordStore:
             InvalidChange: ``meta`` breaks ``ChangeRules``.
             LimitExceeded: the tenant's record quota (count or bytes) would be exceeded.
         """
-        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, self.rules.meta(meta))
+        change = self._change(tenant, collection, record_id, ChangeKind.UPDATED, meta)
+        data = self.encode(value)
         # The backend publishes it as "created" when the record is new, in the same step.
-        return await self.backend.write_record(tenant, collection, record_id, self.encode(value), change)
+        return await self.publisher.store(change, lambda c: self.store.write(tenant, collection, record_id, data, c))
+
+    def _change(self, tenant: str, collection: str, record_id: str, kind: ChangeKind, meta: Json | None) -> Change:
+        return Change(tenant, record_uri(tenant, collection, record_id), kind, self.publisher.rules.meta(meta))
 
     async def patch(self, tenant: str, collection: str, record_id: str, patch: Any, meta: Json | None = None) -> Any:
         """Apply an RFC 7386 merge patch; returns the new value.
@@ -152,18 +162,19 @@ class RecordStore:
             check_json(patch, self.max_depth)
         except JsonRefused as exc:
             raise InvalidRecord(f"the patch is not JSON the store keeps: {exc}") from exc
-        change = Change(tenant, record_uri(tenant, collection, record_id), ChangeKind.UPDATED, self.rules.meta(meta))
+        change = self._change(tenant, collection, record_id, ChangeKind.UPDATED, meta)
         async with self._turn((tenant, collection, record_id)):
             deadline = time.monotonic() + PATCH_PATIENCE
             ceiling = PATCH_BACKOFF[0]
             while True:
-                current = await self.backend.read_record(tenant, collection, record_id)
+                current = await self.store.read(tenant, collection, record_id)
                 if current is None:
                     raise NotFound(change.uri)
                 value = merge_patch(orjson.loads(current), patch, self.max_depth)
                 data = self.encode(value)
                 try:
-                    await self.backend.write_record(tenant, collection, record_id, data, change, expect=current)
+                    await self.publisher.store(change, functools.partial(self._write_if, tenant, collection,
+                                                                         record_id, data, current))
                     return value
                 except WriteConflict:
                     if time.monotonic() >= deadline:
@@ -171,29 +182,35 @@ class RecordStore:
                 await asyncio.sleep(random.uniform(0, ceiling))
                 ceiling = min(ceiling * 2, PATCH_BACKOFF[1])
 
-    async def get(self, tenant: str, collection: str, record_id: str) -> Any:
-        """The record's value. Raises NotFound."""
-        data = await self.backend.read_record(tenant, collection, record_id)
+    async def _write_if(self, tenant: str, collection: str, record_id: str, data: bytes, expect: bytes,
+                        change: Change) -> bool:
+        return await self.store.write(tenant, collection, record_id, data, change, expect=expect)
+
+    async def get(self, tenant: str, collection: str, record_id: str) -> bytes:
+        """The record's stored JSON. Raises NotFound."""
+        data = await self.store.read(tenant, collection, record_id)
         if data is None:
             raise NotFound(record_uri(tenant, collection, record_id))
-        return orjson.loads(data)
+        return data
 
     async def delete(self, tenant: str, collection: str, record_id: str, meta: Json | None = None) -> None:
         """Delete the record. Raises NotFound, or InvalidChange for a ``meta`` that breaks ``ChangeRules``."""
-        uri = record_uri(tenant, collection, record_id)
-        change = Change(tenant, uri, ChangeKind.DELETED, self.rules.meta(meta))
-        if not await self.backend.delete_record(tenant, collection, record_id, change):
-            raise NotFound(uri)
+        change = self._change(tenant, collection, record_id, ChangeKind.DELETED, meta)
+        if not await self.publisher.store(change, lambda c: self.store.delete(tenant, collection, record_id, c)):
+            raise NotFound(change.uri)
 
     async def ids(self, tenant: str, collection: str, after: str = "", limit: int = 100) -> list[str]:
-        return await self.backend.list_records(tenant, collection, after, limit)
+        return await self.store.ids(tenant, collection, after, limit)
+
+    async def collections(self, tenant: str) -> list[str]:
+        return await self.store.collections(tenant)
 
 
 class RecordsProvider:
     """Serves ``mcpb://<tenant>/<collection>[/<id>]`` to principals of that tenant."""
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, store: RecordStore) -> None:
+        self.store = store
 
     def owns(self, uri: str) -> bool:
         return uri.startswith(SCHEME + "://")
@@ -208,7 +225,7 @@ class RecordsProvider:
         tenant = principal.tenant
         resume, _, after = state.partition("\x00") if state else ("", "", "")
         items: list[Json] = []
-        names = await self.backend.list_collections(tenant)
+        names = await self.store.collections(tenant)
         # Resume by bisection, not by walking past every earlier name: a tenant with many
         # collections would otherwise cost each page a pass over all of them.
         for name in itertools.islice(names, bisect.bisect_left(names, resume), None):
@@ -216,7 +233,7 @@ class RecordsProvider:
                 items.append(self._collection_item(tenant, name))
                 after = ""
             while len(items) < limit:
-                ids = await self.backend.list_records(tenant, name, after, limit - len(items))
+                ids = await self.store.ids(tenant, name, after, limit - len(items))
                 if not ids:
                     break
                 items.extend(self._record_item(tenant, name, rid) for rid in ids)
@@ -245,7 +262,7 @@ class RecordsProvider:
         if ref is None or ref.tenant != principal.tenant:
             raise NotFound(uri)
         if ref.record_id is None:
-            ids = await self.backend.list_records(ref.tenant, ref.collection, "", COLLECTION_READ_LIMIT + 1)
+            ids = await self.store.ids(ref.tenant, ref.collection, "", COLLECTION_READ_LIMIT + 1)
             if not ids:
                 raise NotFound(uri)
             body: Json = {
@@ -254,7 +271,7 @@ class RecordsProvider:
                 "truncated": len(ids) > COLLECTION_READ_LIMIT,
             }
             return [{"uri": uri, "mimeType": "application/json", "text": orjson.dumps(body).decode()}]
-        data = await self.backend.read_record(ref.tenant, ref.collection, ref.record_id)
+        data = await self.store.read(ref.tenant, ref.collection, ref.record_id)
         if data is None:
             raise NotFound(uri)
         return [{"uri": uri, "mimeType": "application/json", "text": data.decode()}]

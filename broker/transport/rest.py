@@ -1,7 +1,8 @@
 """The REST API: record collections and health (``POST /changes`` is in ``publish.py``).
 
 Every write lands in the change log before it is acknowledged, so a ``2xx`` means the
-notification will be delivered to every subscriber (within the inbox retention).
+notification will be delivered to every subscriber (within the inbox retention). Origin and
+authentication were checked at the edge; the routes read the principal it found.
 
 No ``from __future__ import annotations`` here: FastAPI resolves string annotations against
 the module's globals, so the ``Caller`` alias built inside ``build_router`` (it closes over
@@ -13,11 +14,12 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
-from broker.auth import Principal, Unauthorized, authenticate
-from broker.core import Broker
-from broker.errors import BackendUnavailable, LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
-from broker.resources.records import InvalidRecord, RecordTooLarge
-from broker.transport.guards import BodyTooLarge, OriginPolicy, read_body
+from broker.auth import Principal
+from broker.config import Settings
+from broker.errors import LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
+from broker.health import Health
+from broker.resources.records import InvalidRecord, Records, RecordTooLarge
+from broker.transport.edge import BadBody, principal_of, read_json
 from broker.uris import collection_uri, record_uri
 
 __all__ = ["build_router"]
@@ -35,34 +37,19 @@ class ORJSONResponse(Response):
         return orjson.dumps(content)
 
 
-def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; each handler is a few lines
-    settings = broker.settings
-    origins = OriginPolicy(settings.allowed_origins)
-
-    async def same_origin(request: Request) -> None:
-        # A page on a foreign origin must not write records through a browser (DNS rebinding).
-        if not origins.allows(request.headers.get("origin")):
-            raise HTTPException(403, "Origin not allowed")
-
-    router = APIRouter(dependencies=[Depends(same_origin)])
+def build_router(settings: Settings, records: Records, health: Health) -> APIRouter:  # noqa: C901 - a route table
+    router = APIRouter()
 
     async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
-        try:
-            return authenticate(settings, request.headers.get("authorization"))
-        except Unauthorized as exc:
-            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from exc
+        return principal_of(request.scope)
 
     Caller = Annotated[Principal, Depends(principal)]
 
     async def json_body(request: Request, limit: int) -> Any:
         try:
-            body = await read_body(request, limit)
-        except BodyTooLarge as exc:
-            raise HTTPException(413, f"body larger than {limit} bytes") from exc
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise HTTPException(400, f"body is not valid JSON: {exc}") from exc
+            return await read_json(request, limit)
+        except BadBody as exc:
+            raise HTTPException(exc.status, exc.message) from exc
 
     def refused(exc: QuotaExceeded | LogFull) -> HTTPException:
         # The write was refused whole (record and change): nothing was stored.
@@ -75,24 +62,20 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
 
     @router.get("/healthz")
     async def healthz() -> ORJSONResponse:
-        try:
-            await broker.backend.ping()
-        except BackendUnavailable:
-            return ORJSONResponse({"status": "unavailable"}, status_code=503)
         # Unauthenticated: this worker's open streams and listens, never a count that follows
         # what tenants publish (the fan-out's was one).
-        hub = broker.hub
-        return ORJSONResponse({"status": "ok", "streams": len(hub.legacy), "listens": len(hub.listens)})
+        ok, report = await health.check()
+        return ORJSONResponse(report, status_code=200 if ok else 503)
 
     @router.get("/collections")
     async def collections(caller: Caller) -> ORJSONResponse:
-        names = await broker.backend.list_collections(caller.tenant)
+        names = await records.collections(caller.tenant)
         return ORJSONResponse({"collections": [{"name": n, "uri": collection_uri(caller.tenant, n)} for n in names]})
 
     @router.get("/collections/{name}")
     async def list_collection(caller: Caller, name: Name, after: str = "",
                               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ORJSONResponse:
-        ids = await broker.records.ids(caller.tenant, name, after, limit + 1)
+        ids = await records.ids(caller.tenant, name, after, limit + 1)
         page = ids[:limit]
         body: dict[str, Any] = {
             "collection": name,
@@ -117,7 +100,7 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
         dot_only(name, record_id)
         value = await json_body(request, settings.max_record_bytes)
         try:
-            created = await broker.records.put(caller.tenant, name, record_id, value)
+            created = await records.put(caller.tenant, name, record_id, value)
         except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
             raise refused_write(exc) from exc
         except (QuotaExceeded, LogFull) as exc:
@@ -130,7 +113,7 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
         dot_only(name, record_id)
         patch = await json_body(request, settings.max_record_bytes)
         try:
-            value = await broker.records.patch(caller.tenant, name, record_id, patch)
+            value = await records.patch(caller.tenant, name, record_id, patch)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
         except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
@@ -144,16 +127,17 @@ def build_router(broker: Broker) -> APIRouter:  # noqa: C901 - a route table; ea
     @router.get("/collections/{name}/{record_id}")
     async def get_record(caller: Caller, name: Name, record_id: Name) -> Response:
         dot_only(name, record_id)
-        data = await broker.backend.read_record(caller.tenant, name, record_id)
-        if data is None:
-            raise HTTPException(404, "record not found")
+        try:
+            data = await records.get(caller.tenant, name, record_id)
+        except NotFound as exc:
+            raise HTTPException(404, "record not found") from exc
         return Response(data, media_type="application/json")
 
     @router.delete("/collections/{name}/{record_id}", status_code=204)
     async def delete_record(caller: Caller, name: Name, record_id: Name) -> Response:
         dot_only(name, record_id)
         try:
-            await broker.records.delete(caller.tenant, name, record_id)
+            await records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
         except (QuotaExceeded, LogFull) as exc:

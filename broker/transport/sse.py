@@ -5,7 +5,7 @@ ping loop that sleeps, a shutdown watcher, a disconnect listener) and, measured 
 machine, costs about 47 KB of RSS per idle stream against 13.7 KB for a single-writer
 response (re-measured in ``bench/``: 14.2 KB per idle stream at 15,000 streams). The
 broker's target is 16 KB per idle stream with 15,000 streams per worker, and keep-alives and
-shutdown are already driven by one timer per process (``broker.hub.Hub``), so this
+shutdown are already driven by one timer per process (``broker.delivery.hub.Hub``), so this
 response keeps only what is left: one writer, plus one task that waits for the disconnect.
 """
 

@@ -60,12 +60,12 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 def new_session(backend: Backend, tenant: str = "t1", principal: str | None = None) -> SessionRecord:
     """A session record of ``tenant`` (its principal ``<tenant>/alice`` unless given), not yet stored."""
     return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=principal or f"{tenant}/alice",
-                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time(),
+                         protocol_version="2025-11-25", epoch=backend.sessions.epoch, created_at=time.time(),
                          client_info={"name": "test", "version": "1"}, client_capabilities={"roots": {}})
 
 
 async def open_session(backend: Backend, tenant: str = "t1") -> str:
     """A new session of ``tenant``, stored; its id."""
     record = new_session(backend, tenant)
-    await backend.create_session(record)
+    await backend.sessions.create(record)
     return record.id

@@ -62,71 +62,71 @@ async def short_lease_backend(request: pytest.FixtureRequest) -> AsyncIterator[B
 
 async def test_a_created_session_reads_back_with_every_field(backend: Backend) -> None:
     record = new_session(backend)
-    await backend.create_session(record)
-    assert await backend.get_session(record.id) == record
-    assert await backend.get_session("no-such-session") is None
+    await backend.sessions.create(record)
+    assert await backend.sessions.get(record.id) == record
+    assert await backend.sessions.get("no-such-session") is None
 
 
 async def test_updating_a_session_changes_only_the_named_fields(backend: Backend) -> None:
     record = new_session(backend)
-    await backend.create_session(record)
-    await backend.update_session(record.id, initialized=True)
-    stored = await backend.get_session(record.id)
+    await backend.sessions.create(record)
+    await backend.sessions.update(record.id, initialized=True)
+    stored = await backend.sessions.get(record.id)
     assert stored is not None and stored.initialized
     assert stored.principal == record.principal and stored.client_info == record.client_info
 
 
 async def test_a_session_read_is_a_snapshot_not_a_live_view(backend: Backend) -> None:
     record = new_session(backend)
-    await backend.create_session(record)
-    snapshot = await backend.get_session(record.id)
+    await backend.sessions.create(record)
+    snapshot = await backend.sessions.get(record.id)
     assert snapshot is not None
     snapshot.initialized = True
-    stored = await backend.get_session(record.id)
+    stored = await backend.sessions.get(record.id)
     assert stored is not None and not stored.initialized
 
 
 async def test_deleting_a_session_removes_its_subscriptions_index_entries_and_inbox(backend: Backend) -> None:
     sid, other = await open_session(backend), await open_session(backend)
     for session in (sid, other):
-        await backend.add_subscription(session, "t1", "x:a")
-    await backend.append_frames([(sid, frame(1))])
-    assert await backend.count_sessions() == 2
+        await backend.subscriptions.add(session, "t1", "x:a")
+    await backend.inboxes.append([(sid, frame(1))])
+    assert await backend.sessions.count() == 2
 
-    assert await backend.delete_session(sid) is True
+    assert await backend.sessions.delete(sid) is True
 
-    assert await backend.get_session(sid) is None
-    assert await backend.get_subscriptions(sid) == set()
-    assert await backend.subscribers("t1", ["x:a"]) == {"x:a": [other]}
-    assert sid not in await backend.tenant_sessions("t1")
-    assert await backend.append_frames([(sid, frame(2)), (other, frame(2))]) == [sid]
-    assert await backend.count_sessions() == 1
-    assert await backend.delete_session(sid) is False
+    assert await backend.sessions.get(sid) is None
+    assert await backend.subscriptions.of_session(sid) == set()
+    assert await backend.subscriptions.subscribers("t1", ["x:a"]) == {"x:a": [other]}
+    assert sid not in await backend.subscriptions.tenant_sessions("t1")
+    assert await backend.inboxes.append([(sid, frame(2)), (other, frame(2))]) == [sid]
+    assert await backend.sessions.count() == 1
+    assert await backend.sessions.delete(sid) is False
 
 
 async def test_sessions_are_listed_by_tenant(backend: Backend) -> None:
     a, b = await open_session(backend, "t1"), await open_session(backend, "t1")
     c = await open_session(backend, "t2")
-    assert sorted(await backend.tenant_sessions("t1")) == sorted([a, b])
-    assert await backend.tenant_sessions("t2") == [c]
-    assert await backend.tenant_sessions("t3") == []
+    assert sorted(await backend.subscriptions.tenant_sessions("t1")) == sorted([a, b])
+    assert await backend.subscriptions.tenant_sessions("t2") == [c]
+    assert await backend.subscriptions.tenant_sessions("t3") == []
 
 
 async def test_an_idle_session_expires_with_its_subscriptions_and_inbox(short_ttl_backend: Backend) -> None:
     backend = short_ttl_backend
     sid = await open_session(backend)
-    await backend.add_subscription(sid, "t1", "x:a")
+    await backend.subscriptions.add(sid, "t1", "x:a")
 
     async def gone() -> bool:
         # Sweep after seeing the record gone: a sweep just before the record expired leaves it be.
-        expired = await backend.get_session(sid) is None
-        await backend.expire_sessions()
+        expired = await backend.sessions.get(sid) is None
+        await backend.sessions.expire()
         return expired
 
     await eventually(gone, "the idle session to expire")
-    assert await backend.get_subscriptions(sid) == set()
-    assert await backend.subscribers("t1", ["x:a"]) == {}
-    assert await backend.append_frames([(sid, frame(1))]) == [sid]
+    assert await backend.subscriptions.of_session(sid) == set()
+    assert await backend.subscriptions.subscribers("t1", ["x:a"]) == {}
+    assert await backend.inboxes.append([(sid, frame(1))]) == [sid]
 
 
 async def test_touching_a_session_keeps_it_alive_while_an_untouched_one_expires(short_ttl_backend: Backend) -> None:
@@ -134,12 +134,12 @@ async def test_touching_a_session_keeps_it_alive_while_an_untouched_one_expires(
     kept, idle = await open_session(backend), await open_session(backend)
 
     async def idle_gone() -> bool:
-        await backend.touch_sessions([kept, "no-such-session"])
-        await backend.expire_sessions()
-        return await backend.get_session(idle) is None
+        await backend.sessions.touch([kept, "no-such-session"])
+        await backend.sessions.expire()
+        return await backend.sessions.get(idle) is None
 
     await eventually(idle_gone, "the untouched session to expire")
-    assert await backend.get_session(kept) is not None
+    assert await backend.sessions.get(kept) is not None
 
 
 async def test_reading_a_session_with_touch_keeps_it_alive_for_its_principal_only(
@@ -148,13 +148,13 @@ async def test_reading_a_session_with_touch_keeps_it_alive_for_its_principal_onl
     kept, foreign = await open_session(backend), await open_session(backend)
 
     async def foreign_gone() -> bool:
-        assert await backend.get_session(kept, touch_as="t1/alice") is not None
-        await backend.get_session(foreign, touch_as="t1/mallory")  # another principal's read: no touch
-        await backend.expire_sessions()
-        return await backend.get_session(foreign) is None
+        assert await backend.sessions.get(kept, touch_as="t1/alice") is not None
+        await backend.sessions.get(foreign, touch_as="t1/mallory")  # another principal's read: no touch
+        await backend.sessions.expire()
+        return await backend.sessions.get(foreign) is None
 
     await eventually(foreign_gone, "the session touched by another principal to expire")
-    assert await backend.get_session(kept) is not None
+    assert await backend.sessions.get(kept) is not None
 
 
 # -- subscriptions -------------------------------------------------------------------------------
@@ -162,43 +162,44 @@ async def test_reading_a_session_with_touch_keeps_it_alive_for_its_principal_onl
 
 async def test_subscribing_updates_the_session_and_the_index_and_is_idempotent(backend: Backend) -> None:
     sid = await open_session(backend)
-    assert await backend.add_subscription(sid, "t1", "x:a") == 1
-    assert await backend.add_subscription(sid, "t1", "x:a") == 1
-    assert await backend.add_subscription(sid, "t1", "x:b") == 2
-    assert await backend.get_subscriptions(sid) == {"x:a", "x:b"}
-    assert await backend.subscribers("t1", ["x:a", "x:b", "x:c"]) == {"x:a": [sid], "x:b": [sid]}
+    assert await backend.subscriptions.add(sid, "t1", "x:a") == 1
+    assert await backend.subscriptions.add(sid, "t1", "x:a") == 1
+    assert await backend.subscriptions.add(sid, "t1", "x:b") == 2
+    assert await backend.subscriptions.of_session(sid) == {"x:a", "x:b"}
+    assert await backend.subscriptions.subscribers("t1", ["x:a", "x:b", "x:c"]) == {"x:a": [sid], "x:b": [sid]}
 
 
 async def test_the_subscription_limit_is_checked_in_the_same_step_as_the_add(backend: Backend) -> None:
     sid = await open_session(backend)
-    results = await asyncio.gather(*(backend.add_subscription(sid, "t1", f"x:{i}", limit=3) for i in range(8)),
+    results = await asyncio.gather(*(backend.subscriptions.add(sid, "t1", f"x:{i}", limit=3) for i in range(8)),
                                    return_exceptions=True)
     assert sum(isinstance(r, LimitExceeded) for r in results) == 5
-    assert len(await backend.get_subscriptions(sid)) == 3
-    assert await backend.add_subscription(sid, "t1", sorted(await backend.get_subscriptions(sid))[0], limit=3) == 3
-    refused = {f"x:{i}" for i in range(8)} - await backend.get_subscriptions(sid)
-    assert await backend.subscribers("t1", sorted(refused)) == {}  # a refused add leaves no index entry
+    assert len(await backend.subscriptions.of_session(sid)) == 3
+    kept = sorted(await backend.subscriptions.of_session(sid))
+    assert await backend.subscriptions.add(sid, "t1", kept[0], limit=3) == 3
+    refused = {f"x:{i}" for i in range(8)} - set(kept)
+    assert await backend.subscriptions.subscribers("t1", sorted(refused)) == {}  # a refused add leaves no index entry
 
 
 async def test_unsubscribing_updates_both_and_is_idempotent(backend: Backend) -> None:
     sid = await open_session(backend)
-    await backend.add_subscription(sid, "t1", "x:a")
-    await backend.add_subscription(sid, "t1", "x:b")
-    await backend.remove_subscription(sid, "t1", "x:a")
-    await backend.remove_subscription(sid, "t1", "x:a")
-    await backend.remove_subscription(sid, "t1", "x:never")
-    assert await backend.get_subscriptions(sid) == {"x:b"}
-    assert await backend.subscribers("t1", ["x:a"]) == {}
+    await backend.subscriptions.add(sid, "t1", "x:a")
+    await backend.subscriptions.add(sid, "t1", "x:b")
+    await backend.subscriptions.remove(sid, "t1", "x:a")
+    await backend.subscriptions.remove(sid, "t1", "x:a")
+    await backend.subscriptions.remove(sid, "t1", "x:never")
+    assert await backend.subscriptions.of_session(sid) == {"x:b"}
+    assert await backend.subscriptions.subscribers("t1", ["x:a"]) == {}
 
 
 async def test_the_index_is_per_tenant_and_lists_every_subscriber(backend: Backend) -> None:
     a, b = await open_session(backend, "t1"), await open_session(backend, "t1")
     c = await open_session(backend, "t2")
     for sid, tenant in ((a, "t1"), (b, "t1"), (c, "t2")):
-        await backend.add_subscription(sid, tenant, "x:a")
-    found = await backend.subscribers("t1", ["x:a"])
+        await backend.subscriptions.add(sid, tenant, "x:a")
+    found = await backend.subscriptions.subscribers("t1", ["x:a"])
     assert sorted(found["x:a"]) == sorted([a, b])
-    assert await backend.subscribers("t2", ["x:a"]) == {"x:a": [c]}
+    assert await backend.subscriptions.subscribers("t2", ["x:a"]) == {"x:a": [c]}
 
 
 # -- inboxes -------------------------------------------------------------------------------------
@@ -206,64 +207,64 @@ async def test_the_index_is_per_tenant_and_lists_every_subscriber(backend: Backe
 
 async def test_inbox_offsets_increase_and_reads_return_what_follows_the_cursor(backend: Backend) -> None:
     sid = await open_session(backend)
-    empty = await backend.read_inbox(sid, backend.epoch, 0, 10)
+    empty = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 10)
     assert (empty.frames, empty.gap, empty.head) == ([], False, 0)
 
-    assert await backend.append_frames([(sid, frame(n)) for n in range(1, 6)]) == []
-    read = await backend.read_inbox(sid, backend.epoch, 0, 100)
+    assert await backend.inboxes.append([(sid, frame(n)) for n in range(1, 6)]) == []
+    read = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 100)
     offsets = [off for off, _ in read.frames]
     assert offsets == sorted(set(offsets)) and len(offsets) == 5
     assert [f for _, f in read.frames] == [frame(n) for n in range(1, 6)]
-    assert not read.gap and read.head == offsets[-1] and read.epoch == backend.epoch
+    assert not read.gap and read.head == offsets[-1] and read.epoch == backend.sessions.epoch
 
-    after_second = await backend.read_inbox(sid, backend.epoch, offsets[1], 100)
+    after_second = await backend.inboxes.read(sid, backend.sessions.epoch, offsets[1], 100)
     assert after_second.frames == read.frames[2:]
-    limited = await backend.read_inbox(sid, backend.epoch, offsets[0], 2)
+    limited = await backend.inboxes.read(sid, backend.sessions.epoch, offsets[0], 2)
     assert limited.frames == read.frames[1:3]
-    at_head = await backend.read_inbox(sid, backend.epoch, read.head, 100)
+    at_head = await backend.inboxes.read(sid, backend.sessions.epoch, read.head, 100)
     assert (at_head.frames, at_head.gap) == ([], False)
 
 
 async def test_inboxes_of_different_sessions_are_independent(backend: Backend) -> None:
     a, b = await open_session(backend), await open_session(backend)
-    await backend.append_frames([(a, frame(1)), (b, frame(2)), (a, frame(3))])
-    assert [f for _, f in (await backend.read_inbox(a, backend.epoch, 0, 10)).frames] == [frame(1), frame(3)]
-    assert [f for _, f in (await backend.read_inbox(b, backend.epoch, 0, 10)).frames] == [frame(2)]
+    await backend.inboxes.append([(a, frame(1)), (b, frame(2)), (a, frame(3))])
+    assert [f for _, f in (await backend.inboxes.read(a, backend.sessions.epoch, 0, 10)).frames] == [frame(1), frame(3)]
+    assert [f for _, f in (await backend.inboxes.read(b, backend.sessions.epoch, 0, 10)).frames] == [frame(2)]
 
 
 async def test_a_cursor_from_another_epoch_is_a_gap(backend: Backend) -> None:
     sid = await open_session(backend)
-    await backend.append_frames([(sid, frame(1))])
-    read = await backend.read_inbox(sid, "0ther3poch", 0, 10)
+    await backend.inboxes.append([(sid, frame(1))])
+    read = await backend.inboxes.read(sid, "0ther3poch", 0, 10)
     assert read.gap and read.frames == []
-    assert read.epoch == backend.epoch and read.head >= 1
+    assert read.epoch == backend.sessions.epoch and read.head >= 1
 
 
 async def test_a_cursor_beyond_the_newest_frame_is_a_gap(backend: Backend) -> None:
     sid = await open_session(backend)
-    await backend.append_frames([(sid, frame(1))])
-    head = (await backend.read_inbox(sid, backend.epoch, 0, 10)).head
-    read = await backend.read_inbox(sid, backend.epoch, head + 5, 10)
+    await backend.inboxes.append([(sid, frame(1))])
+    head = (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 10)).head
+    read = await backend.inboxes.read(sid, backend.sessions.epoch, head + 5, 10)
     assert read.gap and read.frames == [] and read.head == head
 
 
 async def test_a_cursor_older_than_what_is_retained_is_a_gap_and_the_rest_is_kept(backend: Backend) -> None:
     """The fixture keeps 50 frames per inbox."""
     sid = await open_session(backend)
-    await backend.append_frames([(sid, frame(n)) for n in range(1, 11)])
-    first_ten = [off for off, _ in (await backend.read_inbox(sid, backend.epoch, 0, 100)).frames]
-    await backend.append_frames([(sid, frame(n)) for n in range(11, 61)])  # pushes frames 1-10 out
+    await backend.inboxes.append([(sid, frame(n)) for n in range(1, 11)])
+    first_ten = [off for off, _ in (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 100)).frames]
+    await backend.inboxes.append([(sid, frame(n)) for n in range(11, 61)])  # pushes frames 1-10 out
 
-    trimmed = await backend.read_inbox(sid, backend.epoch, first_ten[8], 100)  # frame 10 is lost
+    trimmed = await backend.inboxes.read(sid, backend.sessions.epoch, first_ten[8], 100)  # frame 10 is lost
     assert trimmed.gap and trimmed.frames == []
-    assert (await backend.read_inbox(sid, backend.epoch, 0, 100)).gap
+    assert (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 100)).gap
 
-    kept = await backend.read_inbox(sid, backend.epoch, first_ten[9], 100)  # frame 11 onwards is kept
+    kept = await backend.inboxes.read(sid, backend.sessions.epoch, first_ten[9], 100)  # frame 11 onwards is kept
     assert not kept.gap
     assert [f for _, f in kept.frames] == [frame(n) for n in range(11, 61)]
     assert trimmed.head == kept.head == kept.frames[-1][0]
 
-    resumed = await backend.read_inbox(sid, backend.epoch, trimmed.head, 100)
+    resumed = await backend.inboxes.read(sid, backend.sessions.epoch, trimmed.head, 100)
     assert (resumed.frames, resumed.gap) == ([], False)
 
 
@@ -277,10 +278,10 @@ async def next_wake(queue: asyncio.Queue[Wake]) -> Wake:
 async def test_a_watcher_is_woken_with_the_offset_of_each_new_frame(backend: Backend) -> None:
     sid = await open_session(backend)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, wakes.put_nowait)
-    await backend.append_frames([(sid, frame(1))])
+    unwatch = await backend.inboxes.watch(sid, wakes.put_nowait)
+    await backend.inboxes.append([(sid, frame(1))])
     wake = await next_wake(wakes)
-    head = (await backend.read_inbox(sid, backend.epoch, 0, 0)).head
+    head = (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 0)).head
     assert (wake.kind, wake.offset) == ("frames", head)
     assert wake.frame in (None, frame(1))
     await unwatch()
@@ -289,7 +290,7 @@ async def test_a_watcher_is_woken_with_the_offset_of_each_new_frame(backend: Bac
 async def test_a_watch_taken_before_reading_never_misses_a_frame(backend: Backend) -> None:
     """The replay -> live handoff: every frame after the watch is in the read or in a wake-up."""
     sid = await open_session(backend)
-    await backend.append_frames([(sid, frame(n)) for n in range(1, 4)])
+    await backend.inboxes.append([(sid, frame(n)) for n in range(1, 4)])
     woken: set[int] = set()
     changed = asyncio.Event()
 
@@ -298,16 +299,16 @@ async def test_a_watch_taken_before_reading_never_misses_a_frame(backend: Backen
             woken.add(wake.offset)
             changed.set()
 
-    unwatch = await backend.watch(sid, on_wake)
-    await backend.append_frames([(sid, frame(4))])  # between the watch and the read
-    read = await backend.read_inbox(sid, backend.epoch, 0, 100)
-    await backend.append_frames([(sid, frame(5)), (sid, frame(6))])  # after the read
-    head = (await backend.read_inbox(sid, backend.epoch, 0, 0)).head
+    unwatch = await backend.inboxes.watch(sid, on_wake)
+    await backend.inboxes.append([(sid, frame(4))])  # between the watch and the read
+    read = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 100)
+    await backend.inboxes.append([(sid, frame(5)), (sid, frame(6))])  # after the read
+    head = (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 0)).head
     seen = {off for off, _ in read.frames}
     while max(seen | woken) < head:
         changed.clear()
         await asyncio.wait_for(changed.wait(), TIMEOUT)
-    everything = {off for off, _ in (await backend.read_inbox(sid, backend.epoch, 0, 100)).frames}
+    everything = {off for off, _ in (await backend.inboxes.read(sid, backend.sessions.epoch, 0, 100)).frames}
     assert seen | woken == everything
     assert {head - 1, head} <= woken
     await unwatch()
@@ -317,10 +318,10 @@ async def test_an_ended_watch_is_no_longer_woken(backend: Backend) -> None:
     sid = await open_session(backend)
     stopped: asyncio.Queue[Wake] = asyncio.Queue()
     still: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, stopped.put_nowait)
-    unwatch_still = await backend.watch(sid, still.put_nowait)
+    unwatch = await backend.inboxes.watch(sid, stopped.put_nowait)
+    unwatch_still = await backend.inboxes.watch(sid, still.put_nowait)
     await unwatch()
-    await backend.append_frames([(sid, frame(1))])
+    await backend.inboxes.append([(sid, frame(1))])
     await next_wake(still)
     assert stopped.empty()
     await unwatch_still()
@@ -328,11 +329,11 @@ async def test_an_ended_watch_is_no_longer_woken(backend: Backend) -> None:
 
 async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: Backend) -> None:
     sid = await open_session(backend)
-    first = await backend.claim_stream(sid)
+    first = await backend.inboxes.claim_stream(sid)
     assert first.had_stream is False
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, wakes.put_nowait)
-    second = await backend.claim_stream(sid)
+    unwatch = await backend.inboxes.watch(sid, wakes.put_nowait)
+    second = await backend.inboxes.claim_stream(sid)
     assert second.had_stream is True and second.generation > first.generation
     wake = await next_wake(wakes)
     assert (wake.kind, wake.generation) == ("takeover", second.generation)
@@ -341,14 +342,14 @@ async def test_claiming_the_stream_tells_the_previous_holder_to_close(backend: B
 
 async def test_starting_a_stream_loads_claims_and_reads_in_one_step(backend: Backend) -> None:
     sid = await open_session(backend)
-    record = await backend.get_session(sid)
+    record = await backend.sessions.get(sid)
     assert record is not None
-    await backend.add_subscription(sid, "t1", "x:a")
-    await backend.append_frames([(sid, frame(n)) for n in range(1, 4)])
-    earlier = await backend.claim_stream(sid)
+    await backend.subscriptions.add(sid, "t1", "x:a")
+    await backend.inboxes.append([(sid, frame(n)) for n in range(1, 4)])
+    earlier = await backend.inboxes.claim_stream(sid)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, wakes.put_nowait)
-    start = await backend.start_stream(sid, record.epoch, 1, 10)
+    unwatch = await backend.inboxes.watch(sid, wakes.put_nowait)
+    start = await backend.inboxes.start_stream(sid, record.epoch, 1, 10)
     assert start.subscriptions == {"x:a"}
     assert start.claim.had_stream and start.claim.generation > earlier.generation
     assert (await next_wake(wakes)).generation == start.claim.generation
@@ -359,22 +360,22 @@ async def test_starting_a_stream_loads_claims_and_reads_in_one_step(backend: Bac
 
 async def test_claim_generations_grow_even_after_the_session_is_restored(backend: Backend) -> None:
     sid = await open_session(backend)
-    before = await backend.claim_stream(sid)
-    record = await backend.get_session(sid)
+    before = await backend.inboxes.claim_stream(sid)
+    record = await backend.sessions.get(sid)
     assert record is not None
-    await backend.delete_session(sid)
-    assert await backend.restore_session(record, set())
-    after = await backend.claim_stream(sid)
+    await backend.sessions.delete(sid)
+    assert await backend.sessions.restore(record, set())
+    after = await backend.inboxes.claim_stream(sid)
     assert after.had_stream is False and after.generation > before.generation
 
 
 async def test_claiming_the_stream_of_a_deleted_session_closes_every_stream(backend: Backend) -> None:
     sid = await open_session(backend)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, wakes.put_nowait)
-    await backend.claim_stream(sid)
-    await backend.delete_session(sid)
-    await backend.claim_stream(sid)
+    unwatch = await backend.inboxes.watch(sid, wakes.put_nowait)
+    await backend.inboxes.claim_stream(sid)
+    await backend.sessions.delete(sid)
+    await backend.inboxes.claim_stream(sid)
     await next_wake(wakes)
     assert (await next_wake(wakes)).generation == CLOSE_ALL
     await unwatch()
@@ -383,10 +384,10 @@ async def test_claiming_the_stream_of_a_deleted_session_closes_every_stream(back
 async def test_subscribing_and_unsubscribing_wake_the_watcher_with_the_uri_in_order(backend: Backend) -> None:
     sid = await open_session(backend)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(sid, wakes.put_nowait)
-    await backend.add_subscription(sid, "t1", "x:a")
-    await backend.add_subscription(sid, "t1", "x:b")
-    await backend.remove_subscription(sid, "t1", "x:a")
+    unwatch = await backend.inboxes.watch(sid, wakes.put_nowait)
+    await backend.subscriptions.add(sid, "t1", "x:a")
+    await backend.subscriptions.add(sid, "t1", "x:b")
+    await backend.subscriptions.remove(sid, "t1", "x:a")
     got = [await next_wake(wakes) for _ in range(3)]
     assert [(w.kind, w.uri) for w in got] == [("subscribe", "x:a"), ("subscribe", "x:b"), ("unsubscribe", "x:a")]
     await unwatch()
@@ -395,50 +396,50 @@ async def test_subscribing_and_unsubscribing_wake_the_watcher_with_the_uri_in_or
 async def test_reading_the_inbox_of_a_vanished_session_reports_it_gone_under_the_current_epoch(
         backend: Backend) -> None:
     sid = await open_session(backend)
-    await backend.delete_session(sid)
-    read = await backend.read_inbox(sid, backend.epoch, 0, 10)
+    await backend.sessions.delete(sid)
+    read = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 10)
     assert read.gap and read.gone and read.frames == []
-    assert read.epoch == backend.epoch
+    assert read.epoch == backend.sessions.epoch
     live = await open_session(backend)
-    assert not (await backend.read_inbox(live, backend.epoch, 0, 10)).gone
+    assert not (await backend.inboxes.read(live, backend.sessions.epoch, 0, 10)).gone
 
 
 async def test_a_lost_session_is_restored_with_its_subscriptions_and_an_empty_inbox(backend: Backend) -> None:
     record = new_session(backend)
-    await backend.create_session(record)
+    await backend.sessions.create(record)
     for uri in ("x:a", "x:b"):
-        await backend.add_subscription(record.id, "t1", uri)
-    await backend.append_frames([(record.id, frame(1)), (record.id, frame(2))])
-    await backend.delete_session(record.id)  # what a store that lost its data looks like to a stream
+        await backend.subscriptions.add(record.id, "t1", uri)
+    await backend.inboxes.append([(record.id, frame(1)), (record.id, frame(2))])
+    await backend.sessions.delete(record.id)  # what a store that lost its data looks like to a stream
     record.epoch = "stale"
 
-    assert await backend.restore_session(record, {"x:a", "x:b"}) is True
+    assert await backend.sessions.restore(record, {"x:a", "x:b"}) is True
 
-    assert record.epoch == backend.epoch
-    stored = await backend.get_session(record.id)
+    assert record.epoch == backend.sessions.epoch
+    stored = await backend.sessions.get(record.id)
     assert stored == record
-    assert await backend.get_subscriptions(record.id) == {"x:a", "x:b"}
-    assert await backend.subscribers("t1", ["x:a", "x:b"]) == {"x:a": [record.id], "x:b": [record.id]}
-    assert record.id in await backend.tenant_sessions("t1")
-    read = await backend.read_inbox(record.id, record.epoch, 0, 10)
+    assert await backend.subscriptions.of_session(record.id) == {"x:a", "x:b"}
+    assert await backend.subscriptions.subscribers("t1", ["x:a", "x:b"]) == {"x:a": [record.id], "x:b": [record.id]}
+    assert record.id in await backend.subscriptions.tenant_sessions("t1")
+    read = await backend.inboxes.read(record.id, record.epoch, 0, 10)
     assert (read.gap, read.head, read.frames) == (False, 0, [])
-    assert await backend.append_frames([(record.id, frame(3))]) == []
-    assert [off for off, _ in (await backend.read_inbox(record.id, record.epoch, 0, 10)).frames] == [1]
+    assert await backend.inboxes.append([(record.id, frame(3))]) == []
+    assert [off for off, _ in (await backend.inboxes.read(record.id, record.epoch, 0, 10)).frames] == [1]
 
 
 async def test_restoring_a_live_session_changes_nothing(backend: Backend) -> None:
     record = new_session(backend)
-    await backend.create_session(record)
-    await backend.add_subscription(record.id, "t1", "x:a")
-    await backend.append_frames([(record.id, frame(1))])
+    await backend.sessions.create(record)
+    await backend.subscriptions.add(record.id, "t1", "x:a")
+    await backend.inboxes.append([(record.id, frame(1))])
     impostor = SessionRecord(**{**{f: getattr(record, f) for f in record.__slots__}, "principal": "t1/mallory"})
 
-    assert await backend.restore_session(impostor, {"x:b"}) is False
+    assert await backend.sessions.restore(impostor, {"x:b"}) is False
 
-    assert await backend.get_session(record.id) == record
-    assert await backend.get_subscriptions(record.id) == {"x:a"}
-    assert await backend.subscribers("t1", ["x:b"]) == {}
-    assert (await backend.read_inbox(record.id, record.epoch, 0, 10)).head == 1
+    assert await backend.sessions.get(record.id) == record
+    assert await backend.subscriptions.of_session(record.id) == {"x:a"}
+    assert await backend.subscriptions.subscribers("t1", ["x:b"]) == {}
+    assert (await backend.inboxes.read(record.id, record.epoch, 0, 10)).head == 1
 
 
 # -- change log ----------------------------------------------------------------------------------
@@ -446,51 +447,50 @@ async def test_restoring_a_live_session_changes_nothing(backend: Backend) -> Non
 
 async def test_a_published_change_is_read_back_intact(backend: Backend) -> None:
     change = Change("t1", "x:a", ChangeKind.CREATED, {"etag": "v2"})
-    change_id = await backend.publish(change)
+    change_id = await backend.changelog.publish(change)
     assert isinstance(change_id, str) and change_id
-    assert await backend.read_changes("c1", 10, 100) == [(change_id, change)]
+    assert await backend.changelog.read("c1", 10, 100) == [(change_id, change)]
 
 
 async def test_one_consumer_reads_the_log_at_a_time_so_changes_keep_their_order(backend: Backend) -> None:
     changes = [Change("t1", f"x:{n}") for n in range(10)]
-    ids = [await backend.publish(change) for change in changes]
-    first = await backend.read_changes("c1", 4, 100)
+    ids = [await backend.changelog.publish(change) for change in changes]
+    first = await backend.changelog.read("c1", 4, 100)
     # c1 holds the log for fanout_claim_idle_ms (5 s here) after each read: c2 reading now
     # would fan out changes 5..10 beside c1's 1..4, and a URI's frames could cross.
-    assert await backend.read_changes("c2", 100, 50) == []
-    assert await backend.claim_changes("c2", 0, 100) == []
-    await backend.ack_changes([cid for cid, _ in first])
-    second = await backend.read_changes("c1", 100, 100)
+    assert await backend.changelog.read("c2", 100, 50) == []
+    await backend.changelog.ack([cid for cid, _ in first])
+    second = await backend.changelog.read("c1", 100, 100)
     assert first + second == list(zip(ids, changes, strict=True))
-    await backend.ack_changes([cid for cid, _ in second])
-    assert await backend.read_changes("c1", 100, 50) == []
+    await backend.changelog.ack([cid for cid, _ in second])
+    assert await backend.changelog.read("c1", 100, 50) == []
 
 
 async def test_what_a_consumer_did_not_acknowledge_is_handed_out_again_before_anything_newer(
         backend: Backend) -> None:
     changes = [Change("t1", f"x:{n}") for n in range(5)]
-    ids = [await backend.publish(change) for change in changes]
-    first = await backend.read_changes("c1", 3, 100)
-    await backend.ack_changes([first[0][0]])  # the batch failed after its first change
-    again = await backend.read_changes("c1", 100, 100)
+    ids = [await backend.changelog.publish(change) for change in changes]
+    first = await backend.changelog.read("c1", 3, 100)
+    await backend.changelog.ack([first[0][0]])  # the batch failed after its first change
+    again = await backend.changelog.read("c1", 100, 100)
     assert again == list(zip(ids[1:3], changes[1:3], strict=True))
-    await backend.ack_changes([cid for cid, _ in again])
-    assert await backend.read_changes("c1", 100, 100) == list(zip(ids[3:], changes[3:], strict=True))
+    await backend.changelog.ack([cid for cid, _ in again])
+    assert await backend.changelog.read("c1", 100, 100) == list(zip(ids[3:], changes[3:], strict=True))
 
 
 async def test_a_consumer_that_takes_over_first_finishes_what_the_last_one_left(
         short_lease_backend: Backend) -> None:
     backend = short_lease_backend
     changes = [Change("t1", f"x:{n}") for n in range(6)]
-    ids = [await backend.publish(change) for change in changes]
-    taken = await backend.read_changes("dead", 2, 100)
+    ids = [await backend.changelog.publish(change) for change in changes]
+    taken = await backend.changelog.read("dead", 2, 100)
     assert [cid for cid, _ in taken] == ids[:2]
-    await backend.ack_changes([ids[0]])  # it finished one of its two, then died
+    await backend.changelog.ack([ids[0]])  # it finished one of its two, then died
     read: list[tuple[str, Change]] = []
 
     async def taken_over() -> bool:
-        batch = await backend.read_changes("alive", 100, 50)
-        await backend.ack_changes([cid for cid, _ in batch])
+        batch = await backend.changelog.read("alive", 100, 50)
+        await backend.changelog.ack([cid for cid, _ in batch])
         read.extend(batch)
         return len(read) >= 5
 
@@ -500,63 +500,62 @@ async def test_a_consumer_that_takes_over_first_finishes_what_the_last_one_left(
 
 async def test_a_consumer_that_stops_hands_the_log_over_at_once(backend: Backend) -> None:
     changes = [Change("t1", f"x:{n}") for n in range(4)]
-    ids = [await backend.publish(change) for change in changes]
-    taken = await backend.read_changes("stopping", 2, 100)
-    await backend.ack_changes([taken[0][0]])  # it was cancelled halfway through its batch
-    assert await backend.read_changes("next", 100, 50) == []
-    await backend.release_changes("stopping")
-    await backend.release_changes("someone-else")  # releasing what one does not hold changes nothing
+    ids = [await backend.changelog.publish(change) for change in changes]
+    taken = await backend.changelog.read("stopping", 2, 100)
+    await backend.changelog.ack([taken[0][0]])  # it was cancelled halfway through its batch
+    assert await backend.changelog.read("next", 100, 50) == []
+    await backend.changelog.release("stopping")
+    await backend.changelog.release("someone-else")  # releasing what one does not hold changes nothing
     # Without waiting out the lease (5 s here): the unfinished change first, then the rest.
     read: list[tuple[str, Change]] = []
     for _ in range(2):
-        batch = await backend.read_changes("next", 100, 100)
-        await backend.ack_changes([cid for cid, _ in batch])
+        batch = await backend.changelog.read("next", 100, 100)
+        await backend.changelog.ack([cid for cid, _ in batch])
         read += batch
     assert read == list(zip(ids[1:], changes[1:], strict=True))
 
 
 async def test_changes_published_together_are_read_in_the_order_given_per_tenant(backend: Backend) -> None:
     changes = [Change(f"t{n % 3}", f"x:{n}", meta={"n": n}) for n in range(30)]
-    ids = await backend.publish_many(changes)
+    ids = await backend.changelog.publish_many(changes)
     assert len(set(ids)) == 30
-    read = await backend.read_changes("c1", 100, 100)
+    read = await backend.changelog.read("c1", 100, 100)
     assert sorted(read, key=lambda item: ids.index(item[0])) == list(zip(ids, changes, strict=True))
     for tenant in ("t0", "t1", "t2"):
         assert [c for _, c in read if c.tenant == tenant] == [c for c in changes if c.tenant == tenant]
 
 
 async def test_a_blocked_read_returns_as_soon_as_a_change_is_published(backend: Backend) -> None:
-    reader = asyncio.create_task(backend.read_changes("c1", 10, 10_000))
+    reader = asyncio.create_task(backend.changelog.read("c1", 10, 10_000))
     await asyncio.sleep(0)  # let the read block before publishing
-    change_id = await backend.publish(Change("t1", "x:a"))
+    change_id = await backend.changelog.publish(Change("t1", "x:a"))
     assert await asyncio.wait_for(reader, TIMEOUT) == [(change_id, Change("t1", "x:a"))]
 
 
-async def test_an_unacknowledged_change_is_claimed_by_another_consumer_once_stale(
+async def test_an_unacknowledged_change_goes_to_another_consumer_once_the_holder_lapses(
         short_lease_backend: Backend) -> None:
     backend = short_lease_backend
-    change_id = await backend.publish(Change("t1", "x:a"))
-    taken = await backend.read_changes("dead", 10, 100)
+    change_id = await backend.changelog.publish(Change("t1", "x:a"))
+    taken = await backend.changelog.read("dead", 10, 100)
     assert [cid for cid, _ in taken] == [change_id]
-    assert await backend.claim_changes("alive", 60_000, 10) == []  # not stale yet
-
     claimed: list[tuple[str, Change]] = []
 
-    async def stale() -> bool:
-        claimed.extend(await backend.claim_changes("alive", 50, 10))
+    async def taken_over() -> bool:
+        claimed.extend(await backend.changelog.read("alive", 10, 20))
         return bool(claimed)
 
-    await eventually(stale, "the pending change to become claimable")
+    await eventually(taken_over, "the dead holder's pending change to reach another consumer")
     assert claimed == [(change_id, Change("t1", "x:a"))]
-    await backend.ack_changes([change_id])
-    assert await backend.claim_changes("alive", 0, 10) == []
+    await backend.changelog.ack([change_id])
+    assert await backend.changelog.read("alive", 10, 20) == []
 
 
-async def test_an_acknowledged_change_is_never_claimed(backend: Backend) -> None:
-    await backend.publish(Change("t1", "x:a"))
-    taken = await backend.read_changes("c1", 10, 100)
-    await backend.ack_changes([cid for cid, _ in taken])
-    assert await backend.claim_changes("c1", 0, 10) == []
+async def test_an_acknowledged_change_is_never_handed_out_again(backend: Backend) -> None:
+    await backend.changelog.publish(Change("t1", "x:a"))
+    taken = await backend.changelog.read("c1", 10, 100)
+    await backend.changelog.ack([cid for cid, _ in taken])
+    await backend.changelog.release("c1")
+    assert await backend.changelog.read("c2", 10, 20) == []
 
 
 # -- broadcast -----------------------------------------------------------------------------------
@@ -565,15 +564,15 @@ async def test_an_acknowledged_change_is_never_claimed(backend: Backend) -> None
 async def test_broadcast_changes_reach_every_handler_until_it_is_removed(backend: Backend) -> None:
     first: asyncio.Queue[Change] = asyncio.Queue()
     second: asyncio.Queue[Change] = asyncio.Queue()
-    remove_first = await backend.on_broadcast(first.put_nowait)
-    remove_second = await backend.on_broadcast(second.put_nowait)
+    remove_first = await backend.broadcast.subscribe(first.put_nowait)
+    remove_second = await backend.broadcast.subscribe(second.put_nowait)
     changes = [Change("t1", "x:a"), Change("t2", "x:b", ChangeKind.DELETED)]
-    await backend.broadcast([("0:1-0", changes[0]), ("0:2-0", changes[1])])
+    await backend.broadcast.publish([("0:1-0", changes[0]), ("0:2-0", changes[1])])
     for queue in (first, second):
         assert [await asyncio.wait_for(queue.get(), TIMEOUT) for _ in changes] == changes
 
     await remove_first()
-    await backend.broadcast([("0:3-0", Change("t1", "x:c"))])
+    await backend.broadcast.publish([("0:3-0", Change("t1", "x:c"))])
     assert await asyncio.wait_for(second.get(), TIMEOUT) == Change("t1", "x:c")
     assert first.empty()
     await remove_second()
@@ -588,9 +587,9 @@ async def test_a_handler_that_fails_on_one_change_costs_no_other_change_or_handl
         if change.uri == "x:bad":
             raise TypeError("cannot encode")
 
-    remove_failing = await backend.on_broadcast(failing)
-    remove_seen = await backend.on_broadcast(seen.put_nowait)
-    await backend.broadcast([("0:1-0", Change("t", "x:bad")), ("0:2-0", Change("t", "x:good"))])
+    remove_failing = await backend.broadcast.subscribe(failing)
+    remove_seen = await backend.broadcast.subscribe(seen.put_nowait)
+    await backend.broadcast.publish([("0:1-0", Change("t", "x:bad")), ("0:2-0", Change("t", "x:good"))])
     assert [(await asyncio.wait_for(seen.get(), TIMEOUT)).uri for _ in range(2)] == ["x:bad", "x:good"]
     assert failing_saw == ["x:bad", "x:good"]
     await remove_failing()
@@ -601,17 +600,56 @@ async def test_a_redone_broadcast_reaches_the_handlers_once(backend: Backend) ->
     # Fan-out redoes a batch whose broadcast went out (its acknowledgement was lost), and a
     # lapsed holder's batch may arrive after its successor's: neither reaches a listen again.
     seen: asyncio.Queue[Change] = asyncio.Queue()
-    remove = await backend.on_broadcast(seen.put_nowait)
+    remove = await backend.broadcast.subscribe(seen.put_nowait)
     first = [("0:10-0", Change("t", "x:a")), ("0:10-1", Change("t", "x:b"))]
-    await backend.broadcast(first)
-    await backend.broadcast([*first, ("0:11-0", Change("t", "x:c"))])  # the redo, with one new change
-    await backend.broadcast([("0:9-0", Change("t", "x:old")), ("1:5-0", Change("t", "x:other-partition"))])
-    await backend.broadcast([("", Change("t", "x:no-id"))])  # an id of another form always passes
+    await backend.broadcast.publish(first)
+    await backend.broadcast.publish([*first, ("0:11-0", Change("t", "x:c"))])  # the redo, with one new change
+    await backend.broadcast.publish([("0:9-0", Change("t", "x:old")), ("1:5-0", Change("t", "x:other-partition"))])
+    await backend.broadcast.publish([("", Change("t", "x:no-id"))])  # an id of another form always passes
     expected = ["x:a", "x:b", "x:c", "x:other-partition", "x:no-id"]
     assert [(await asyncio.wait_for(seen.get(), TIMEOUT)).uri for _ in expected] == expected
-    await backend.broadcast([("0:12-0", Change("t", "x:last"))])
+    await backend.broadcast.publish([("0:12-0", Change("t", "x:last"))])
     assert (await asyncio.wait_for(seen.get(), TIMEOUT)).uri == "x:last"  # nothing else came between
     await remove()
+
+
+# -- leases --------------------------------------------------------------------------------------
+
+
+async def test_a_lease_is_held_by_one_owner_until_it_is_released(backend: Backend) -> None:
+    name = f"lease-{secrets.token_hex(4)}"
+    assert await backend.leases.hold(name, "a", 60_000) is True
+    assert await backend.leases.hold(name, "a", 60_000) is True  # its holder renews it
+    assert await backend.leases.hold(name, "b", 60_000) is False
+    assert await backend.leases.hold(f"{name}-other", "b", 60_000) is True  # each name is its own lease
+    await backend.leases.release(name, "b")  # releasing what one does not hold changes nothing
+    assert await backend.leases.hold(name, "b", 60_000) is False
+    await backend.leases.release(name, "a")
+    assert await backend.leases.hold(name, "b", 60_000) is True  # without waiting out the ttl
+    assert await backend.leases.hold(name, "a", 60_000) is False
+
+
+async def test_a_lease_its_owner_stops_renewing_lapses_after_its_ttl(backend: Backend) -> None:
+    name = f"lease-{secrets.token_hex(4)}"
+    assert await backend.leases.hold(name, "a", 200) is True
+    assert await backend.leases.hold(name, "b", 200) is False
+
+    async def lapsed() -> bool:
+        return await backend.leases.hold(name, "b", 60_000)
+
+    await eventually(lapsed, "the unrenewed lease to lapse")
+    assert await backend.leases.hold(name, "a", 60_000) is False  # the old owner lost it to the next
+
+
+async def test_a_renewed_lease_lasts_its_ttl_from_the_renewal(backend: Backend) -> None:
+    name = f"lease-{secrets.token_hex(4)}"
+    assert await backend.leases.hold(name, "a", 60_000) is True
+    assert await backend.leases.hold(name, "a", 200) is True  # a renewal sets the ttl anew, a shorter one too
+
+    async def lapsed() -> bool:
+        return await backend.leases.hold(name, "b", 60_000)
+
+    await eventually(lapsed, "the renewed lease's shorter ttl to pass")
 
 
 # -- records -------------------------------------------------------------------------------------
@@ -619,52 +657,52 @@ async def test_a_redone_broadcast_reaches_the_handlers_once(backend: Backend) ->
 
 async def test_writing_a_record_stores_it_and_publishes_its_change(backend: Backend) -> None:
     updated = Change("t1", "mcpb://t1/P/1", ChangeKind.UPDATED, {"v": 1})
-    assert await backend.write_record("t1", "P", "1", b'{"v":1}', updated) is True
-    assert await backend.write_record("t1", "P", "1", b'{"v":2}', updated) is False
-    assert await backend.read_record("t1", "P", "1") == b'{"v":2}'
-    assert await backend.read_record("t2", "P", "1") is None
+    assert await backend.records.write("t1", "P", "1", b'{"v":1}', updated) is True
+    assert await backend.records.write("t1", "P", "1", b'{"v":2}', updated) is False
+    assert await backend.records.read("t1", "P", "1") == b'{"v":2}'
+    assert await backend.records.read("t2", "P", "1") is None
     # The store knows which write created the record, so it publishes that one as "created".
     created = Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED, {"v": 1})
-    assert [change for _, change in await backend.read_changes("c1", 10, 100)] == [created, updated]
+    assert [change for _, change in await backend.changelog.read("c1", 10, 100)] == [created, updated]
 
 
 async def test_a_conditional_write_happens_only_over_the_expected_value(backend: Backend) -> None:
     change = Change("t1", "mcpb://t1/P/1")
     with pytest.raises(WriteConflict):
-        await backend.write_record("t1", "P", "1", b"1", change, expect=b"0")  # nothing to compare with
-    await backend.write_record("t1", "P", "1", b"1", change)
+        await backend.records.write("t1", "P", "1", b"1", change, expect=b"0")  # nothing to compare with
+    await backend.records.write("t1", "P", "1", b"1", change)
     with pytest.raises(WriteConflict):
-        await backend.write_record("t1", "P", "1", b"2", change, expect=b"0")
-    assert await backend.write_record("t1", "P", "1", b"2", change, expect=b"1") is False
-    assert await backend.read_record("t1", "P", "1") == b"2"
-    assert len(await backend.read_changes("c1", 10, 100)) == 2  # refused writes publish nothing
+        await backend.records.write("t1", "P", "1", b"2", change, expect=b"0")
+    assert await backend.records.write("t1", "P", "1", b"2", change, expect=b"1") is False
+    assert await backend.records.read("t1", "P", "1") == b"2"
+    assert len(await backend.changelog.read("c1", 10, 100)) == 2  # refused writes publish nothing
 
 
 async def test_deleting_a_record_publishes_only_when_it_existed(backend: Backend) -> None:
-    await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED))
+    await backend.records.write("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1", ChangeKind.CREATED))
     deleted = Change("t1", "mcpb://t1/P/1", ChangeKind.DELETED)
-    assert await backend.delete_record("t1", "P", "1", deleted) is True
-    assert await backend.delete_record("t1", "P", "1", deleted) is False
-    assert await backend.read_record("t1", "P", "1") is None
-    assert [change.kind for _, change in await backend.read_changes("c1", 10, 100)] == [
+    assert await backend.records.delete("t1", "P", "1", deleted) is True
+    assert await backend.records.delete("t1", "P", "1", deleted) is False
+    assert await backend.records.read("t1", "P", "1") is None
+    assert [change.kind for _, change in await backend.changelog.read("c1", 10, 100)] == [
         ChangeKind.CREATED, ChangeKind.DELETED]
 
 
 async def test_records_list_in_order_and_page_after_an_id(backend: Backend) -> None:
     for rid in ["b", "a", "d", "c"]:
-        await backend.write_record("t1", "P", rid, b"{}", Change("t1", f"mcpb://t1/P/{rid}"))
-    await backend.write_record("t1", "Q", "z", b"{}", Change("t1", "mcpb://t1/Q/z"))
-    await backend.write_record("t2", "R", "y", b"{}", Change("t2", "mcpb://t2/R/y"))
-    assert await backend.list_records("t1", "P", "", 100) == ["a", "b", "c", "d"]
-    assert await backend.list_records("t1", "P", "a", 2) == ["b", "c"]
-    assert await backend.list_records("t1", "P", "d", 10) == []
-    assert await backend.list_records("t1", "none", "", 10) == []
-    assert await backend.list_collections("t1") == ["P", "Q"]
-    assert await backend.list_collections("t2") == ["R"]
+        await backend.records.write("t1", "P", rid, b"{}", Change("t1", f"mcpb://t1/P/{rid}"))
+    await backend.records.write("t1", "Q", "z", b"{}", Change("t1", "mcpb://t1/Q/z"))
+    await backend.records.write("t2", "R", "y", b"{}", Change("t2", "mcpb://t2/R/y"))
+    assert await backend.records.ids("t1", "P", "", 100) == ["a", "b", "c", "d"]
+    assert await backend.records.ids("t1", "P", "a", 2) == ["b", "c"]
+    assert await backend.records.ids("t1", "P", "d", 10) == []
+    assert await backend.records.ids("t1", "none", "", 10) == []
+    assert await backend.records.collections("t1") == ["P", "Q"]
+    assert await backend.records.collections("t2") == ["R"]
 
 
 async def test_a_collection_whose_last_record_is_deleted_is_no_longer_listed(backend: Backend) -> None:
-    await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
-    await backend.delete_record("t1", "P", "1", Change("t1", "mcpb://t1/P/1", ChangeKind.DELETED))
-    assert await backend.list_collections("t1") == []
-    assert await backend.list_records("t1", "P", "", 10) == []
+    await backend.records.write("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
+    await backend.records.delete("t1", "P", "1", Change("t1", "mcpb://t1/P/1", ChangeKind.DELETED))
+    assert await backend.records.collections("t1") == []
+    assert await backend.records.ids("t1", "P", "", 10) == []

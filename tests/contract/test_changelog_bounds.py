@@ -31,8 +31,8 @@ async def bounded(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
 async def fan_out(backend: Backend) -> list[Change]:
     """What a fan-out consumer reads and acknowledges until the log is drained."""
     read: list[Change] = []
-    while batch := await backend.read_changes("c1", 7, 50):
-        await backend.ack_changes([cid for cid, _ in batch])
+    while batch := await backend.changelog.read("c1", 7, 50):
+        await backend.changelog.ack([cid for cid, _ in batch])
         read += [change for _, change in batch]
     return read
 
@@ -41,15 +41,15 @@ async def test_a_flooding_tenant_is_refused_and_the_other_tenants_changes_all_ar
     backend = bounded
     mine = [Change("b", f"x:b{n}") for n in range(10)]
     for change in mine[:5]:
-        await backend.publish(change)
+        await backend.changelog.publish(change)
     refused = 0
     for n in range(10 * LOG_MAX):  # far more than the log holds
         try:
-            await backend.publish(Change("a", f"x:a{n}"))
+            await backend.changelog.publish(Change("a", f"x:a{n}"))
         except BrokerError:
             refused += 1
     for change in mine[5:]:
-        await backend.publish(change)
+        await backend.changelog.publish(change)
     read = await fan_out(backend)
     assert [change for change in read if change.tenant == "b"] == mine
     assert refused == 10 * LOG_MAX - TENANT_MAX
@@ -58,9 +58,9 @@ async def test_a_flooding_tenant_is_refused_and_the_other_tenants_changes_all_ar
 
 async def test_the_refusal_says_whose_bound_and_how_full(bounded: Backend) -> None:
     for n in range(TENANT_MAX):
-        await bounded.publish(Change("a", f"x:{n}"))
+        await bounded.changelog.publish(Change("a", f"x:{n}"))
     with pytest.raises(QuotaExceeded) as refused:
-        await bounded.publish(Change("a", "x:more"))
+        await bounded.changelog.publish(Change("a", "x:more"))
     assert (refused.value.tenant, refused.value.limit, refused.value.pending, refused.value.asked) == (
         "a", TENANT_MAX, TENANT_MAX, 1)
     assert "'a'" in str(refused.value) and str(TENANT_MAX) in str(refused.value)
@@ -69,9 +69,9 @@ async def test_the_refusal_says_whose_bound_and_how_full(bounded: Backend) -> No
 async def test_a_tenant_may_publish_again_once_fan_out_has_processed_its_changes(bounded: Backend) -> None:
     for round_ in range(3):
         for n in range(TENANT_MAX):
-            await bounded.publish(Change("a", f"x:{round_}-{n}"))
+            await bounded.changelog.publish(Change("a", f"x:{round_}-{n}"))
         with pytest.raises(QuotaExceeded):
-            await bounded.publish(Change("a", "x:more"))
+            await bounded.changelog.publish(Change("a", "x:more"))
         assert len(await fan_out(bounded)) == TENANT_MAX
 
 
@@ -79,52 +79,52 @@ async def test_a_full_log_refuses_every_tenant_and_takes_changes_again_once_proc
     tenants = [f"t{n}" for n in range(LOG_MAX // TENANT_MAX)]
     for tenant in tenants:
         for n in range(TENANT_MAX):
-            await bounded.publish(Change(tenant, f"x:{n}"))
+            await bounded.changelog.publish(Change(tenant, f"x:{n}"))
     with pytest.raises(LogFull) as refused:
-        await bounded.publish(Change("newcomer", "x:1"))
+        await bounded.changelog.publish(Change("newcomer", "x:1"))
     assert refused.value.limit == LOG_MAX
     assert len(await fan_out(bounded)) == LOG_MAX
     # What fan-out processed was trimmed: the log takes a full load again.
     for n in range(LOG_MAX):
-        await bounded.publish(Change(f"u{n % 3}", f"x:{n}"))
+        await bounded.changelog.publish(Change(f"u{n % 3}", f"x:{n}"))
     assert len(await fan_out(bounded)) == LOG_MAX
 
 
 async def test_while_fan_out_is_stuck_on_a_change_nothing_after_it_is_trimmed_either(bounded: Backend) -> None:
     first = Change("b", "x:first")
-    first_id = await bounded.publish(first)
-    assert await bounded.read_changes("c1", 1, 50) == [(first_id, first)]  # its batch fails: not acknowledged
+    first_id = await bounded.changelog.publish(first)
+    assert await bounded.changelog.read("c1", 1, 50) == [(first_id, first)]  # its batch fails: not acknowledged
     later = [Change(f"t{n % 3}", f"x:{n}") for n in range(LOG_MAX - 1)]
     for change in later:
-        await bounded.publish(change)
+        await bounded.changelog.publish(change)
     with pytest.raises(LogFull):
-        await bounded.publish(Change("t4", "x:one-too-many"))
-    assert await bounded.read_changes("c1", 100, 50) == [(first_id, first)]  # handed out again, first
-    await bounded.ack_changes([first_id])
+        await bounded.changelog.publish(Change("t4", "x:one-too-many"))
+    assert await bounded.changelog.read("c1", 100, 50) == [(first_id, first)]  # handed out again, first
+    await bounded.changelog.ack([first_id])
     assert await fan_out(bounded) == later
 
 
 async def test_a_list_is_appended_whole_or_not_at_all(bounded: Backend) -> None:
     for n in range(TENANT_MAX - 3):
-        await bounded.publish(Change("a", f"x:{n}"))
+        await bounded.changelog.publish(Change("a", f"x:{n}"))
     with pytest.raises(QuotaExceeded) as refused:
-        await bounded.publish_many([Change("a", f"x:more{n}") for n in range(5)])
+        await bounded.changelog.publish_many([Change("a", f"x:more{n}") for n in range(5)])
     assert (refused.value.pending, refused.value.asked) == (TENANT_MAX - 3, 5)
-    ids = await bounded.publish_many([Change("a", f"x:last{n}") for n in range(3)])
+    ids = await bounded.changelog.publish_many([Change("a", f"x:last{n}") for n in range(3)])
     assert len(ids) == 3
     assert len(await fan_out(bounded)) == TENANT_MAX
 
 
 async def test_a_refused_record_write_stores_nothing(bounded: Backend) -> None:
     for n in range(TENANT_MAX):
-        await bounded.publish(Change("a", f"x:{n}"))
+        await bounded.changelog.publish(Change("a", f"x:{n}"))
     with pytest.raises(QuotaExceeded):
-        await bounded.write_record("a", "P", "1", b"{}", Change("a", "mcpb://a/P/1"))
-    assert await bounded.read_record("a", "P", "1") is None
+        await bounded.records.write("a", "P", "1", b"{}", Change("a", "mcpb://a/P/1"))
+    assert await bounded.records.read("a", "P", "1") is None
     await fan_out(bounded)
-    assert await bounded.write_record("a", "P", "1", b"{}", Change("a", "mcpb://a/P/1")) is True
+    assert await bounded.records.write("a", "P", "1", b"{}", Change("a", "mcpb://a/P/1")) is True
     for n in range(TENANT_MAX - 1):
-        await bounded.publish(Change("a", f"x:{n}"))
+        await bounded.changelog.publish(Change("a", f"x:{n}"))
     with pytest.raises(QuotaExceeded):
-        await bounded.delete_record("a", "P", "1", Change("a", "mcpb://a/P/1"))
-    assert await bounded.read_record("a", "P", "1") == b"{}"
+        await bounded.records.delete("a", "P", "1", Change("a", "mcpb://a/P/1"))
+    assert await bounded.records.read("a", "P", "1") == b"{}"

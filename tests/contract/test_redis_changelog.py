@@ -33,7 +33,7 @@ async def test_a_log_full_of_processed_entries_an_older_version_left_is_trimmed_
             await backend.redis.xadd(log, {"c": b"old"})
         reply = await backend.redis.xreadgroup(FANOUT_GROUP, "old-worker", {log: ">"}, count=100)
         await backend.redis.xack(log, FANOUT_GROUP, *[entry_id for entry_id, _ in reply[0][1]])
-        ids = [await backend.publish(Change("a", f"x:{n}")) for n in range(20)]
+        ids = [await backend.changelog.publish(Change("a", f"x:{n}")) for n in range(20)]
         assert len(ids) == 20
         assert await backend.redis.xlen(log) == 20
     finally:
@@ -45,14 +45,14 @@ async def test_acknowledging_trims_the_log_and_counts_the_tenant_out() -> None:
     await backend.start()
     try:
         for n in range(10):
-            await backend.publish(Change("a", f"x:{n}"))
-        batch = await backend.read_changes("c1", 4, 0)
-        await backend.ack_changes([cid for cid, _ in batch])
+            await backend.changelog.publish(Change("a", f"x:{n}"))
+        batch = await backend.changelog.read("c1", 4, 0)
+        await backend.changelog.ack([cid for cid, _ in batch])
         assert await backend.redis.xlen(backend.keys.log(0)) == 6
         assert await backend.redis.hget(backend.keys.backlog(0), "a") == b"6"
-        rest = await backend.read_changes("c1", 100, 0)
-        await backend.ack_changes([cid for cid, _ in rest])
-        await backend.ack_changes([cid for cid, _ in rest])  # twice: counted out once
+        rest = await backend.changelog.read("c1", 100, 0)
+        await backend.changelog.ack([cid for cid, _ in rest])
+        await backend.changelog.ack([cid for cid, _ in rest])  # twice: counted out once
         assert await backend.redis.xlen(backend.keys.log(0)) == 0
         assert not await backend.redis.exists(backend.keys.backlog(0))
     finally:
@@ -66,15 +66,15 @@ async def test_a_tenant_count_that_drifted_above_the_log_is_cut_to_it_not_refuse
     await backend.start()
     try:
         for n in range(5):
-            await backend.publish(Change("a", f"x:{n}"))
+            await backend.changelog.publish(Change("a", f"x:{n}"))
         log = backend.keys.log(0)
         reply = await backend.redis.xreadgroup(FANOUT_GROUP, "old-worker", {log: ">"}, count=100)
         await backend.redis.xack(log, FANOUT_GROUP, *[entry_id for entry_id, _ in reply[0][1]])
         await backend.redis.xtrim(log, maxlen=0)
         await backend.redis.hset(backend.keys.backlog(0), "a", 20)  # as if 20 were still waiting
-        assert await backend.publish(Change("a", "x:after"))
+        assert await backend.changelog.publish(Change("a", "x:after"))
         assert await backend.redis.hget(backend.keys.backlog(0), "a") == b"1"
-        await backend.write_record("a", "c", "r1", b"{}", Change("a", "mcpb://a/c/r1"))
+        await backend.records.write("a", "c", "r1", b"{}", Change("a", "mcpb://a/c/r1"))
     finally:
         await backend.close()
 
@@ -86,11 +86,11 @@ async def test_a_read_that_arrives_after_its_lease_lapsed_takes_nothing_from_the
     backend = bounded(fanout_claim_idle_ms=60_000)
     await backend.start()
     try:
-        ids = [await backend.publish(Change("a", f"x:{n}")) for n in range(5)]
+        ids = [await backend.changelog.publish(Change("a", f"x:{n}")) for n in range(5)]
         log = backend.changelog
         await backend.redis.set(backend.keys.lease(0), "new-holder", px=60_000)
         assert await log._readgroup("late-reader", [0], 10, None) == []
-        taken = await backend.read_changes("new-holder", 10, 0)
+        taken = await backend.changelog.read("new-holder", 10, 0)
         assert [change_id for change_id, _ in taken] == ids
     finally:
         await backend.close()
@@ -102,13 +102,13 @@ async def test_a_consumer_that_stops_with_nothing_pending_leaves_the_group() -> 
     await backend.start()
     try:
         log = backend.keys.log(0)
-        await backend.publish(Change("a", "x:1"))
-        taken = await backend.read_changes("finished", 10, 0)
-        await backend.ack_changes([cid for cid, _ in taken])
-        await backend.release_changes("finished")
-        await backend.publish(Change("a", "x:2"))
-        await backend.read_changes("cut-short", 10, 0)  # read, never acknowledged
-        await backend.release_changes("cut-short")
+        await backend.changelog.publish(Change("a", "x:1"))
+        taken = await backend.changelog.read("finished", 10, 0)
+        await backend.changelog.ack([cid for cid, _ in taken])
+        await backend.changelog.release("finished")
+        await backend.changelog.publish(Change("a", "x:2"))
+        await backend.changelog.read("cut-short", 10, 0)  # read, never acknowledged
+        await backend.changelog.release("cut-short")
         names = {consumer["name"] for consumer in await backend.redis.xinfo_consumers(log, FANOUT_GROUP)}
         assert names == {b"cut-short"}  # its pending change is not stranded
     finally:

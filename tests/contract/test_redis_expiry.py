@@ -37,7 +37,7 @@ async def test_index_and_tenant_sets_of_dead_sessions_expire_without_the_sweep(s
     for _ in range(3):
         sid = await open_session(backend, "t1")
         for uri in uris:
-            await backend.add_subscription(sid, "t1", uri)
+            await backend.subscriptions.add(sid, "t1", uri)
     derived = [backend.keys.index("t1", uri) for uri in uris] + [backend.keys.tenant_sessions("t1")]
     assert await backend.redis.exists(*derived) == len(derived)
 
@@ -51,10 +51,10 @@ async def test_index_and_tenant_sets_of_dead_sessions_expire_without_the_sweep(s
 async def test_the_sets_of_a_session_kept_alive_by_touches_do_not_expire(short_lived: RedisBackend) -> None:
     backend = short_lived
     sid = await open_session(backend, "t1")
-    await backend.add_subscription(sid, "t1", "x:kept")
+    await backend.subscriptions.add(sid, "t1", "x:kept")
     deadline = time.monotonic() + TTL * 1.25 + 0.5 + 1.5  # well past when an unrefreshed set would expire
     while time.monotonic() < deadline:
-        await backend.touch_sessions([sid])  # as the keep-alive timer of its open stream does
+        await backend.sessions.touch([sid])  # as the keep-alive timer of its open stream does
         await asyncio.sleep(TTL / 5)
-    assert await backend.subscribers("t1", ["x:kept"]) == {"x:kept": [sid]}
-    assert await backend.tenant_sessions("t1") == [sid]
+    assert await backend.subscriptions.subscribers("t1", ["x:kept"]) == {"x:kept": [sid]}
+    assert await backend.subscriptions.tenant_sessions("t1") == [sid]

@@ -32,7 +32,7 @@ def settings_for(url: str = "", **overrides: object) -> Settings:
 
 def record(backend: RedisBackend, tenant: str = "t1") -> SessionRecord:
     return SessionRecord(id=secrets.token_urlsafe(16), tenant=tenant, principal=f"{tenant}/alice",
-                         protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
+                         protocol_version="2025-11-25", epoch=backend.sessions.epoch, created_at=time.time())
 
 
 @pytest.fixture
@@ -53,80 +53,80 @@ async def backend(private_redis: RedisProcess) -> AsyncIterator[RedisBackend]:
 async def test_a_redis_that_lost_its_data_gets_a_new_epoch_and_old_cursors_are_gaps(
         backend: RedisBackend, private_redis: RedisProcess) -> None:
     session = record(backend)
-    await backend.create_session(session)
-    await backend.append_frames([(session.id, Frame("u:x", b"1"))])
-    old = backend.epoch
+    await backend.sessions.create(session)
+    await backend.inboxes.append([(session.id, Frame("u:x", b"1"))])
+    old = backend.sessions.epoch
     async with Redis.from_url(private_redis.url) as raw:
         await raw.flushall()
 
-    read = await backend.read_inbox(session.id, old, 1, 10)
+    read = await backend.inboxes.read(session.id, old, 1, 10)
 
     assert read.gap and read.frames == []
-    assert read.epoch == backend.epoch != old
+    assert read.epoch == backend.sessions.epoch != old
     fresh = record(backend)
-    await backend.create_session(fresh)
-    assert (await backend.get_session(fresh.id)) == fresh and fresh.epoch == backend.epoch
+    await backend.sessions.create(fresh)
+    assert (await backend.sessions.get(fresh.id)) == fresh and fresh.epoch == backend.sessions.epoch
 
 
 async def test_a_session_lost_with_the_data_is_gone_under_a_new_epoch_and_can_be_restored(
         backend: RedisBackend, private_redis: RedisProcess) -> None:
     session = record(backend)
-    await backend.create_session(session)
-    await backend.add_subscription(session.id, "t1", "x:a")
-    old = backend.epoch
+    await backend.sessions.create(session)
+    await backend.subscriptions.add(session.id, "t1", "x:a")
+    old = backend.sessions.epoch
     async with Redis.from_url(private_redis.url) as raw:
         await raw.flushall()
 
-    read = await backend.read_inbox(session.id, old, 0, 10)
+    read = await backend.inboxes.read(session.id, old, 0, 10)
     assert read.gone and read.epoch != old
 
-    assert await backend.restore_session(session, {"x:a"}) is True
-    assert session.epoch == read.epoch == backend.epoch
-    assert await backend.get_session(session.id) == session
-    assert await backend.subscribers("t1", ["x:a"]) == {"x:a": [session.id]}
-    assert await backend.count_sessions() == 1
+    assert await backend.sessions.restore(session, {"x:a"}) is True
+    assert session.epoch == read.epoch == backend.sessions.epoch
+    assert await backend.sessions.get(session.id) == session
+    assert await backend.subscriptions.subscribers("t1", ["x:a"]) == {"x:a": [session.id]}
+    assert await backend.sessions.count() == 1
 
 
 async def test_a_new_session_notices_the_lost_epoch_itself(backend: RedisBackend, private_redis: RedisProcess) -> None:
-    old = backend.epoch
+    old = backend.sessions.epoch
     async with Redis.from_url(private_redis.url) as raw:
         await raw.flushall()
     session = record(backend)  # still stamped with the old epoch
-    await backend.create_session(session)
-    stored = await backend.get_session(session.id)
-    assert stored is not None and stored.epoch == session.epoch == backend.epoch != old
+    await backend.sessions.create(session)
+    stored = await backend.sessions.get(session.id)
+    assert stored is not None and stored.epoch == session.epoch == backend.sessions.epoch != old
 
 
 async def test_a_stopped_server_raises_backend_unavailable_quickly_and_service_returns(
         backend: RedisBackend, private_redis: RedisProcess) -> None:
     session = record(backend)
-    await backend.create_session(session)
+    await backend.sessions.create(session)
     private_redis.stop()
 
     started = time.monotonic()
-    for call in (backend.get_session(session.id), backend.publish(Change("t1", "x:a")), backend.ping(),
-                 backend.append_frames([(session.id, Frame("u:x", b"1"))])):
+    for call in (backend.sessions.get(session.id), backend.changelog.publish(Change("t1", "x:a")), backend.ping(),
+                 backend.inboxes.append([(session.id, Frame("u:x", b"1"))])):
         with pytest.raises(BackendUnavailable):
             await call
     assert time.monotonic() - started < 10
 
     private_redis.start()
     await backend.ping()  # an empty server: a new epoch, and the session is gone
-    assert await backend.get_session(session.id) is None
+    assert await backend.sessions.get(session.id) is None
 
 
 async def test_watchers_are_woken_to_reread_after_the_pubsub_connection_drops(
         backend: RedisBackend, private_redis: RedisProcess) -> None:
     session = record(backend)
-    await backend.create_session(session)
+    await backend.sessions.create(session)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    unwatch = await backend.watch(session.id, wakes.put_nowait)
+    unwatch = await backend.inboxes.watch(session.id, wakes.put_nowait)
     async with Redis.from_url(private_redis.url) as raw:
         await raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
 
     resync = await asyncio.wait_for(wakes.get(), 10)
     assert (resync.kind, resync.frame) == ("frames", None)
-    await backend.append_frames([(session.id, Frame("u:x", b"1"))])  # the channel is subscribed again
+    await backend.inboxes.append([(session.id, Frame("u:x", b"1"))])  # the channel is subscribed again
     live = await asyncio.wait_for(wakes.get(), 10)
     assert (live.offset, live.frame) == (1, Frame("u:x", b"1"))
     await unwatch()
@@ -139,17 +139,17 @@ async def test_watchers_are_woken_to_reread_when_the_pubsub_connection_drops_bet
     # on the next read, its channels resubscribed, without a word: streams never re-read what
     # was published meanwhile.
     session = record(backend)
-    await backend.create_session(session)
+    await backend.sessions.create(session)
     wakes: asyncio.Queue[Wake] = asyncio.Queue()
-    bus = backend._bus_or_fail()
+    bus = backend.bus
 
     def drop_on_first_frame(wake: Wake) -> None:
         wakes.put_nowait(wake)
         if wake.frame is not None and wake.offset == 1:
             bus._pubsub.connection._close()  # the reader is handling this message: between reads
 
-    unwatch = await backend.watch(session.id, drop_on_first_frame)
-    await backend.append_frames([(session.id, Frame("u:x", b"1"))])
+    unwatch = await backend.inboxes.watch(session.id, drop_on_first_frame)
+    await backend.inboxes.append([(session.id, Frame("u:x", b"1"))])
     first = await asyncio.wait_for(wakes.get(), 10)
     assert (first.offset, first.frame) == (1, Frame("u:x", b"1"))
     resync = await asyncio.wait_for(wakes.get(), 10)
@@ -164,13 +164,13 @@ async def test_every_key_carries_the_prefix() -> None:
     await backend.start()
     try:
         session = record(backend)
-        await backend.create_session(session)
-        await backend.add_subscription(session.id, "t1", "x:a")
-        await backend.append_frames([(session.id, Frame("u:x:a", b"1"))])
-        await backend.touch_sessions([session.id])
-        await backend.write_record("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
-        await backend.publish(Change("t2", "x:b"))
-        await backend.read_changes("c1", 10, 0)
+        await backend.sessions.create(session)
+        await backend.subscriptions.add(session.id, "t1", "x:a")
+        await backend.inboxes.append([(session.id, Frame("u:x:a", b"1"))])
+        await backend.sessions.touch([session.id])
+        await backend.records.write("t1", "P", "1", b"{}", Change("t1", "mcpb://t1/P/1"))
+        await backend.changelog.publish(Change("t2", "x:b"))
+        await backend.changelog.read("c1", 10, 0)
         keys = [key.decode() async for key in backend.redis.scan_iter()]
     finally:
         await backend.close()
@@ -184,7 +184,6 @@ def test_the_keys_of_one_session_and_of_one_tenants_records_share_a_cluster_slot
     assert len({key_slot(k.encode()) for k in (session.meta, session.subs, session.inbox, session.wake)}) == 1
     records = [keys.records(3, "acme", "P"), keys.record_ids(3, "acme", "P"), keys.collections(3, "acme"), keys.log(3)]
     assert len({key_slot(k.encode()) for k in records}) == 1
-    assert keys.wake_session(session.wake) == "abc"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -207,17 +206,17 @@ def test_scripts_touch_only_the_keys_they_declare(name: str) -> None:
 async def test_a_watch_cancelled_while_subscribing_leaves_no_subscription_behind(
         backend: RedisBackend, private_redis: RedisProcess) -> None:
     session, other = record(backend), record(backend)
-    await backend.create_session(session)
-    await backend.create_session(other)
-    watching = asyncio.create_task(backend.watch(session.id, lambda wake: None))
+    await backend.sessions.create(session)
+    await backend.sessions.create(other)
+    watching = asyncio.create_task(backend.inboxes.watch(session.id, lambda wake: None))
     await asyncio.sleep(0)  # one step: the watch is now waiting for its subscription
     watching.cancel()
     with pytest.raises(asyncio.CancelledError):
         await watching
     # Subscriptions are confirmed in order on the one pub/sub connection: once a later one is,
     # the cancelled one has landed too.
-    unwatch = await backend.watch(other.id, lambda wake: None)
-    channel = backend.keys.wake(session.id)
+    unwatch = await backend.inboxes.watch(other.id, lambda wake: None)
+    channel = backend.keys.session(session.id).wake
     async with Redis.from_url(private_redis.url) as raw:
         async def subscribers() -> int:
             return int((await raw.execute_command("PUBSUB", "SHARDNUMSUB", channel))[1])
@@ -230,30 +229,30 @@ async def test_a_watch_cancelled_while_subscribing_leaves_no_subscription_behind
 
 
 async def test_sharded_pubsub_is_used_where_the_server_has_it(backend: RedisBackend) -> None:
-    assert backend.sharded and backend.publish_command == "SPUBLISH"  # redis-server >= 7
+    assert backend.bus.sharded and backend.bus.publish_command == "SPUBLISH"  # redis-server >= 7
 
 
 async def test_with_several_partitions_fan_out_spreads_over_the_live_consumers() -> None:
     backend = RedisBackend(settings_for(changelog_partitions=4), client_factory=fakeredis_factory())
     await backend.start()
     try:
-        held = backend.changelog._holding_of  # which partitions each consumer holds after its read
-        await backend.read_changes("a", 10, 0)
+        held = backend.changelog.leases.share_of  # which partitions each consumer holds after its read
+        await backend.changelog.read("a", 10, 0)
         assert len(held("a").held) == 4  # alone: every partition
-        await backend.read_changes("b", 10, 0)  # b joins: nothing is free yet
-        await backend.read_changes("a", 10, 0)  # a sees two consumers and gives half up
-        await backend.read_changes("b", 10, 0)
+        await backend.changelog.read("b", 10, 0)  # b joins: nothing is free yet
+        await backend.changelog.read("a", 10, 0)  # a sees two consumers and gives half up
+        await backend.changelog.read("b", 10, 0)
         assert len(held("a").held) == len(held("b").held) == 2
         assert set(held("a").held).isdisjoint(held("b").held)
         # Each change is read by the holder of its tenant's partition, and by nobody else.
         tenants = [f"tenant-{n}" for n in range(40)]
         for tenant in tenants:
-            await backend.publish(Change(tenant, "x:a"))
-        read = {name: [c.tenant for _, c in await backend.read_changes(name, 100, 0)] for name in ("a", "b")}
+            await backend.changelog.publish(Change(tenant, "x:a"))
+        read = {name: [c.tenant for _, c in await backend.changelog.read(name, 100, 0)] for name in ("a", "b")}
         assert sorted(read["a"] + read["b"]) == sorted(tenants)
         assert all(backend.changelog.partition(t) in held("a").held for t in read["a"])
-        await backend.release_changes("b")  # b stops: a takes everything back at its next read
-        await backend.read_changes("a", 10, 0)
+        await backend.changelog.release("b")  # b stops: a takes everything back at its next read
+        await backend.changelog.read("a", 10, 0)
         assert len(held("a").held) == 4
     finally:
         await backend.close()
@@ -264,18 +263,18 @@ async def test_a_consumer_that_retakes_a_partition_finishes_what_the_holder_in_b
     await backend.start()
     try:
         changes = [Change("t1", f"x:{n}") for n in range(4)]
-        ids = [await backend.publish(change) for change in changes]
-        first = await backend.read_changes("a", 1, 0)
-        await backend.ack_changes([cid for cid, _ in first])
-        backend.changelog._holding_of("a").stop_heartbeat()
+        ids = [await backend.changelog.publish(change) for change in changes]
+        first = await backend.changelog.read("a", 1, 0)
+        await backend.changelog.ack([cid for cid, _ in first])
+        backend.changelog.leases.share_of("a").stop_heartbeat()
         await backend.redis.delete(backend.keys.lease(0))  # a's lease lapsed without a noticing
-        cut_short = await backend.read_changes("b", 1, 0)  # b takes over, reads one and stops
+        cut_short = await backend.changelog.read("b", 1, 0)  # b takes over, reads one and stops
         assert [cid for cid, _ in cut_short] == ids[1:2]
-        await backend.release_changes("b")
+        await backend.changelog.release("b")
         read: list[tuple[str, Change]] = []
         for _ in range(2):
-            batch = await backend.read_changes("a", 10, 0)
-            await backend.ack_changes([cid for cid, _ in batch])
+            batch = await backend.changelog.read("a", 10, 0)
+            await backend.changelog.ack([cid for cid, _ in batch])
             read += batch
         assert read == list(zip(ids[1:], changes[1:], strict=True))
     finally:

@@ -82,10 +82,10 @@ async def test_changes_published_together_keep_each_tenants_order_across_cluster
         tenants = [f"t{n}" for n in range(6)]
         assert len({backend.changelog.partition(t) for t in tenants}) > 1  # several partitions, several nodes
         changes = [Change(tenants[n % 6], f"x:{n}", meta={"n": n}) for n in range(60)]
-        ids = await backend.publish_many(changes)
+        ids = await backend.changelog.publish_many(changes)
         read: list[Change] = []
         while len(read) < 60:
-            batch = await backend.read_changes("c1", 100, 1000)
+            batch = await backend.changelog.read("c1", 100, 1000)
             assert batch, "every published change is read"
             read += [change for _, change in batch]
         assert len(set(ids)) == 60

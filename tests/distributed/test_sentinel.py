@@ -198,11 +198,11 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
     await backend.start()
     try:
         session = SessionRecord(id=secrets.token_urlsafe(16), tenant="t1", principal="t1/alice",
-                                protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
-        await backend.create_session(session)
-        await backend.append_frames([(session.id, Frame("u:before", b"1"))])
+                                protocol_version="2025-11-25", epoch=backend.sessions.epoch, created_at=time.time())
+        await backend.sessions.create(session)
+        await backend.inboxes.append([(session.id, Frame("u:before", b"1"))])
         wakes: asyncio.Queue[Wake] = asyncio.Queue()
-        unwatch = await backend.watch(session.id, wakes.put_nowait)
+        unwatch = await backend.inboxes.watch(session.id, wakes.put_nowait)
         async with Redis(port=old) as raw:
             assert await raw.execute_command("WAIT", 1, 5000) == 1, "the replica has everything written so far"
 
@@ -219,25 +219,26 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
         async with Redis(port=new) as on_new:
             async def lands_on_new_master() -> bool | None:
                 fresh = SessionRecord(id=secrets.token_urlsafe(16), tenant="t1", principal="t1/bob",
-                                      protocol_version="2025-11-25", epoch=backend.epoch, created_at=time.time())
-                await backend.create_session(fresh)
+                                      protocol_version="2025-11-25", epoch=backend.sessions.epoch,
+                                      created_at=time.time())
+                await backend.sessions.create(fresh)
                 return bool(await on_new.exists(backend.keys.session(fresh.id).meta)) or None
 
             await eventually(lands_on_new_master, 20, "a new session to be created on the new master")
 
         # What was written before the failover is all there, under the same epoch: no gap.
-        assert await backend.get_session(session.id) == session
-        read = await backend.read_inbox(session.id, session.epoch, 0, 10)
+        assert await backend.sessions.get(session.id) == session
+        read = await backend.inboxes.read(session.id, session.epoch, 0, 10)
         assert (read.gap, read.frames) == (False, [(1, Frame("u:before", b"1"))])
 
         # The watching stream is told to re-read once its pub/sub moved to the new master ...
         resync = await asyncio.wait_for(wakes.get(), 10)
         assert (resync.kind, resync.frame) == ("frames", None)
         # ... and is woken with the next frame from there (or told to re-read again, and finds it).
-        await backend.append_frames([(session.id, Frame("u:after", b"2"))])
+        await backend.inboxes.append([(session.id, Frame("u:after", b"2"))])
         deadline = time.monotonic() + 10
         while (wake := await asyncio.wait_for(wakes.get(), deadline - time.monotonic())).frame is None:
-            reread = await backend.read_inbox(session.id, session.epoch, 1, 10)
+            reread = await backend.inboxes.read(session.id, session.epoch, 1, 10)
             if reread.frames:
                 assert reread.frames == [(2, Frame("u:after", b"2"))]
                 break

@@ -12,12 +12,12 @@ from broker.backends.base import SessionRecord
 from broker.backends.memory import MemoryBackend
 from broker.changes import Change, ChangeRules, ForeignNamespace, InvalidChange, reserved_meta_key
 from broker.config import Settings
-from broker.core import Broker
 from broker.fanout import Fanout
-from broker.frames import update_frame
+from broker.notifications import update_frame
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, check_json
 from broker.resources.records import InvalidRecord, merge_patch
+from broker.runtime import Broker
 
 RULES = ChangeRules(max_uri_bytes=2048, max_meta_bytes=8192, max_meta_depth=16)
 
@@ -138,16 +138,16 @@ async def test_fan_out_delivers_a_batch_holding_a_change_it_cannot_encode() -> N
     await backend.start()
     try:
         for tenant in ("a", "b"):
-            await backend.create_session(SessionRecord(id=tenant, tenant=tenant, principal=f"{tenant}/x",
-                                                       protocol_version="2025-11-25", epoch=backend.epoch,
+            await backend.sessions.create(SessionRecord(id=tenant, tenant=tenant, principal=f"{tenant}/x",
+                                                       protocol_version="2025-11-25", epoch=backend.sessions.epoch,
                                                        created_at=time.time()))
-            await backend.add_subscription(tenant, tenant, "x:" + tenant)
+            await backend.subscriptions.add(tenant, tenant, "x:" + tenant)
         # Published past the rules, as a change in the log from before them would be.
-        await backend.publish(Change("a", "x:a", meta=deep(300)))
-        await backend.publish(Change("b", "x:b", meta={"seq": 1}))
-        await Fanout(settings(), backend).process(await backend.read_changes("f", 10, 0))
+        await backend.changelog.publish(Change("a", "x:a", meta=deep(300)))
+        await backend.changelog.publish(Change("b", "x:b", meta={"seq": 1}))
+        await Fanout(settings(), backend).process(await backend.changelog.read("f", 10, 0))
         for tenant, params in (("a", {"uri": "x:a"}), ("b", {"uri": "x:b", "_meta": {"seq": 1}})):
-            read = await backend.read_inbox(tenant, backend.epoch, 0, 10)
+            read = await backend.inboxes.read(tenant, backend.sessions.epoch, 0, 10)
             assert [orjson.loads(frame.data)["params"] for _, frame in read.frames] == [params]
     finally:
         await backend.close()

@@ -8,9 +8,9 @@ import pytest
 
 from broker.auth import Principal
 from broker.config import Settings
-from broker.core import Broker
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
+from broker.runtime import Broker
 
 
 class BrokenProvider:

@@ -64,10 +64,10 @@ async def test_paging_through_every_provider_lists_each_resource_once(page_size:
 async def test_record_collections_list_each_collection_before_its_records() -> None:
     backend = MemoryBackend(Settings(_env_file=None))  # type: ignore[call-arg]
     for collection, rid in [("b", "2"), ("a", "1"), ("b", "1"), ("a", "3")]:
-        await backend.write_record("t1", collection, rid, b"{}", Change("t1", f"mcpb://t1/{collection}/{rid}"))
-    await backend.write_record("t2", "a", "9", b"{}", Change("t2", "mcpb://t2/a/9"))
+        await backend.records.write("t1", collection, rid, b"{}", Change("t1", f"mcpb://t1/{collection}/{rid}"))
+    await backend.records.write("t2", "a", "9", b"{}", Change("t2", "mcpb://t2/a/9"))
     for page_size in (1, 2, 4, 100):
-        assert await list_all(Resources([RecordsProvider(backend)]), page_size) == [
+        assert await list_all(Resources([RecordsProvider(backend.records)]), page_size) == [
             "mcpb://t1/a", "mcpb://t1/a/1", "mcpb://t1/a/3", "mcpb://t1/b", "mcpb://t1/b/1", "mcpb://t1/b/2"]
 
 

@@ -1,4 +1,4 @@
-"""The distributed backend on Redis (single node, Sentinel, Cluster); see ``backend`` for the design."""
+"""The distributed backend on Redis (single node, Sentinel, Cluster); ``backend`` maps its modules."""
 
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from broker.backends.redis.connection import Client
+
 __all__ = ["Batch"]
 
 #: At most this many calls of one Cluster batch are in flight at once. redis-py refuses a
@@ -28,7 +30,7 @@ CLUSTER_CONCURRENCY = 32
 class _Calls:
     """Stands in for a pipeline on Cluster: records ``pipe.<command>(...)`` calls to await later."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: RedisCluster) -> None:
         self.client = client
         self.calls: list[Callable[[], Awaitable[Any]]] = []
 
@@ -52,9 +54,10 @@ class Batch:
     which loads the script first. Any other error reply is raised.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Client) -> None:
         self._cluster = isinstance(client, RedisCluster)
-        self.pipe: Any = _Calls(client) if self._cluster else client.pipeline(transaction=False)
+        #: A pipeline, or on Cluster its stand-in: commands are added as ``pipe.<command>(...)``.
+        self.pipe: Any = _Calls(client) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
         self._scripts: dict[int, tuple[AsyncScript, Sequence[str], Sequence[Any]]] = {}
 
     def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:

@@ -1,4 +1,4 @@
-"""The change log: partitioned streams, one consumer group, a lease per partition (records: ``records.py``).
+"""The change log on Redis (``base.ChangeLog``): partitioned streams, one consumer group, a lease per partition.
 
 A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in
 Redis at first start (``P:partitions``) and the stored value wins over the setting, because a
@@ -23,8 +23,10 @@ longer than its heartbeat lasts) loses the partition to the next consumer that a
 first takes over what it left pending (at least once). Reads are fenced by the lease
 (``fanout_read.lua`` checks the holder and reads in one step), so a read that reaches Redis
 after its lease lapsed takes nothing: the changes stay for the holder, never pending to a
-consumer nobody sweeps. Each live consumer holds its share of the partitions (see ``_hold``),
-so fan-out spreads over workers when there are several.
+consumer nobody sweeps. Each live consumer holds its share of the partitions (the leases and
+the shares are ``leases.PartitionLeases``), so fan-out spreads over workers when there are several.
+
+Records are written with their change by ``records.py``, through this log's partitions and bounds.
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
+from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
+from broker.backends.redis.leases import ConsumerShare, PartitionLeases
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change
 from broker.config import Settings
-from broker.errors import LogFull, PublishRefused, QuotaExceeded, raise_if_cancelled
+from broker.errors import LogFull, PublishRefused, QuotaExceeded
 
-__all__ = ["ChangeLog"]
+__all__ = ["RedisChangeLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,64 +59,42 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-#: How many leases' time a consumer's heartbeat keeps its partitions while it works on one batch.
-HEARTBEAT_LEASES = 10
+class RedisChangeLog:
+    """Published changes, read by fan-out under partition leases; each method translates connection errors."""
 
-
-class _Holding:
-    """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
-
-    __slots__ = ("handed", "heartbeat", "held", "sweep", "turn")
-
-    def __init__(self) -> None:
-        self.held: list[int] = []
-        self.turn = 0
-        #: partition -> XAUTOCLAIM cursor of a sweep still to finish
-        self.sweep: dict[int, str] = {}
-        #: Ids of the last read not acknowledged yet: any left at the next read failed.
-        self.handed: set[str] = set()
-        #: Renews the leases while the caller works on what it read.
-        self.heartbeat: asyncio.Task[None] | None = None
-
-    def stop_heartbeat(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.cancel()
-            self.heartbeat = None
-
-
-class ChangeLog:
-    """Change-log and record operations; the caller translates connection errors."""
-
-    def __init__(self, settings: Settings, client: Any, keys: Keys, scripts: Scripts, *, cluster: bool) -> None:
+    def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, cluster: bool) -> None:
         self.settings = settings
         self.client = client
         self.keys = keys
         self.scripts = scripts
         self.cluster = cluster
-        self.partitions = max(settings.changelog_partitions, 1)
+        self.leases = PartitionLeases(client, keys, scripts, partitions=max(settings.changelog_partitions, 1),
+                                      lease_ms=max(settings.fanout_claim_idle_ms, 30))
         self._rotate = 0
         self._unreadable: list[str] = []
         # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
         self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
-        self._lease_ms = max(settings.fanout_claim_idle_ms, 30)
-        self._holding: dict[str, _Holding] = {}
-        #: Live fan-out consumers, as the registry last said.
-        self._live = 1
         #: Per partition, the changes not yet fanned out when this process last acknowledged
         #: or trimmed: what a store that restarts empty would lose (logged then).
         self.backlog: dict[int, int] = {}
         #: Unreadable entries this process dropped (each is logged with its id).
         self.dropped = 0
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions the log has: the count stored in Redis at first start wins over the setting."""
+        return self.leases.partitions
+
     async def start(self) -> None:
+        """Agree on the partition count and create the fan-out group; the caller translates connection errors."""
         stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
         if int(stored) != self.partitions:
             logger.warning("change log has %s partitions in redis; changelog_partitions=%d is ignored",
                            as_text(stored), self.partitions)
-            self.partitions = int(stored)
-        await self.create_groups()
+            self.leases.partitions = int(stored)
+        await self._create_groups()
 
-    async def create_groups(self) -> None:
+    async def _create_groups(self) -> None:
         for partition in range(self.partitions):
             try:
                 await self.client.xgroup_create(self.keys.log(partition), FANOUT_GROUP, id="0", mkstream=True)
@@ -123,7 +105,6 @@ class ChangeLog:
     def partition(self, tenant: str) -> int:
         return zlib.crc32(tenant.encode()) % self.partitions
 
-    # -- change log ------------------------------------------------------------------------
     def _append_args(self, changes: Sequence[Change]) -> list[Any]:
         args: list[Any] = [self.settings.changelog_maxlen, self.settings.changelog_tenant_max]
         for change in changes:
@@ -159,6 +140,8 @@ class ChangeLog:
     async def trim(self, partition: int) -> int:
         """Trim what fan-out processed from a partition; returns the entries left (not yet processed).
 
+        The caller translates connection errors (the record store calls it within its own).
+
         The group's last delivered id is read before the script looks at what is pending: an
         entry delivered by then and not pending when the script runs was acknowledged.
         """
@@ -178,36 +161,38 @@ class ChangeLog:
         Raises:
             QuotaExceeded, LogFull: the change was refused, nothing was appended.
         """
-        return (await self._append(self.partition(change.tenant), [change]))[0]
+        with unavailable("changelog.publish"):
+            return (await self._append(self.partition(change.tenant), [change]))[0]
 
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
         """One script call per partition, all of its changes or none (a tenant's changes are in
         one partition, in order); on a single node in one pipeline, on Cluster concurrently.
         Every partition finishes before a refusal or an error is raised: a caller told "not
         acknowledged" must not have appends still landing behind its back."""
-        by_partition: dict[int, list[int]] = {}
-        for i, change in enumerate(changes):
-            by_partition.setdefault(self.partition(change.tenant), []).append(i)
-        if len(by_partition) <= 1:
-            return await self._append(self.partition(changes[0].tenant), changes) if changes else []
-        batch = Batch(self.client)
-        for partition, positions in by_partition.items():
-            batch.call(self.scripts.changelog_append, [self.keys.log(partition), self.keys.backlog(partition)],
-                       self._append_args([changes[i] for i in positions]))
-        replies = await batch.execute()
-        ids: list[str] = [""] * len(changes)
-        refused: PublishRefused | None = None
-        for (partition, positions), reply in zip(by_partition.items(), replies, strict=True):
-            if int(reply[0]) == -2:  # full, perhaps of processed entries: as _append does
-                reply = await self._retry_trimmed(partition, [changes[i] for i in positions])
-            try:
-                for i, change_id in zip(positions, self._appended(partition, reply), strict=True):
-                    ids[i] = change_id
-            except PublishRefused as exc:
-                refused = refused or exc
-        if refused is not None:
-            raise refused
-        return ids
+        with unavailable("changelog.publish_many"):
+            by_partition: dict[int, list[int]] = {}
+            for i, change in enumerate(changes):
+                by_partition.setdefault(self.partition(change.tenant), []).append(i)
+            if len(by_partition) <= 1:
+                return await self._append(self.partition(changes[0].tenant), changes) if changes else []
+            batch = Batch(self.client)
+            for partition, positions in by_partition.items():
+                batch.call(self.scripts.changelog_append, [self.keys.log(partition), self.keys.backlog(partition)],
+                           self._append_args([changes[i] for i in positions]))
+            replies = await batch.execute()
+            ids: list[str] = [""] * len(changes)
+            refused: PublishRefused | None = None
+            for (partition, positions), reply in zip(by_partition.items(), replies, strict=True):
+                if int(reply[0]) == -2:  # full, perhaps of processed entries: as _append does
+                    reply = await self._retry_trimmed(partition, [changes[i] for i in positions])
+                try:
+                    for i, change_id in zip(positions, self._appended(partition, reply), strict=True):
+                        ids[i] = change_id
+                except PublishRefused as exc:
+                    refused = refused or exc
+            if refused is not None:
+                raise refused
+            return ids
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
         out = []
@@ -261,7 +246,7 @@ class ChangeLog:
             if "NOGROUP" not in str(exc):
                 raise
             # The store lost the group (it was flushed or restarted empty): recreate and read again.
-            await self.create_groups()
+            await self._create_groups()
             replies = await batch().execute()
         out: list[tuple[str, Change]] = []
         newest: dict[int, str] = {}
@@ -274,99 +259,12 @@ class ChangeLog:
         await self._drop_unreadable()
         return out, newest
 
-    def _holding_of(self, consumer: str) -> _Holding:
-        holding = self._holding.get(consumer)
-        if holding is None:
-            holding = self._holding[consumer] = _Holding()
-        return holding
-
-    async def _hold(self, consumer: str) -> _Holding:
-        """Keep the partitions this consumer holds and take free ones, up to its share.
-
-        The share is the partition count divided among the live consumers (a registry each
-        hold renews), so with several partitions fan-out spreads over the workers: a consumer
-        above its share gives the surplus up, one below it asks for every partition it does not
-        hold, from a place that moves with every call, and gives back what it got beyond its
-        share. One round trip for a single partition, two or three otherwise.
-
-        A partition this consumer did not hold after its last successful call is swept before
-        it is read: whoever held it last (or this consumer, before a failure) may have left
-        changes pending. The decision is made here, not from the script's "just taken" reply,
-        which a lost reply or a retried call would hide.
-        """
-        holding = self._holding_of(consumer)
-        before = holding.held
-        holding.held = []  # until this call succeeds: a failure makes every partition new again
-        count = self.partitions
-        share = count
-        if count > 1:
-            try:
-                self._live = max(int(await self.scripts.fanout_consumers(
-                    keys=[self.keys.fanout_consumers], args=[consumer, self._lease_ms])), 1)
-            except (RedisError, OSError):
-                # Its node is away (a Cluster failover): the partitions elsewhere go on, with
-                # the share last seen.
-                logger.debug("fan-out consumer registry unreachable", exc_info=True)
-            share = -(-count // self._live)
-        keep, surplus = before[:share], before[share:]
-        holding.turn += 1
-        start = (zlib.crc32(consumer.encode()) + holding.turn) % count
-        free = [p for p in ((start + i) % count for i in range(count)) if p not in before]
-        asked = keep + (free if len(keep) < share else [])
-        batch = Batch(self.client)
-        for partition in asked:
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self._lease_ms])
-        for partition in surplus:
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
-        # Per call: on Cluster a partition whose node is away is simply not held this time.
-        results = await batch.execute(raise_errors=False)
-        replies = {p: (0 if isinstance(r, Exception) else int(r)) for p, r in zip(asked, results, strict=False)}
-        got = [partition for partition in asked if replies[partition]]
-        if len(got) > share:  # took more free partitions than its share: give the extra back
-            got, extra = got[:share], got[share:]
-            batch = Batch(self.client)
-            for partition in extra:
-                batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
-            await batch.execute()
-        held = sorted(got)
-        for partition in range(count):
-            if partition not in held:
-                holding.sweep.pop(partition, None)
-            elif partition not in before or replies[partition] == 2:
-                # New to it, or retaken after it lapsed unnoticed: sweep it all from the start.
-                holding.sweep[partition] = "0-0"
-        holding.held = held
-        return holding
-
-    async def _beat(self, consumer: str, holding: _Holding) -> None:
-        """Keep the leases while the caller fans out what it read (a batch may outlast a lease).
-
-        For HEARTBEAT_LEASES leases at most: a consumer that has not come back to read by then
-        is taken to be stuck, and its partitions go to another.
-        """
-        for _ in range(HEARTBEAT_LEASES * 3):
-            await asyncio.sleep(self._lease_ms / 3000)
-            try:
-                held = list(holding.held)
-                batch = Batch(self.client)
-                for partition in held:  # renew only: a heartbeat never takes a partition
-                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)],
-                               [consumer, self._lease_ms, "renew"])
-                if self.partitions > 1:
-                    batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self._lease_ms])
-                results = await batch.execute()
-                # A partition lost meanwhile is new again to the next hold (which sweeps it).
-                holding.held = [p for p, result in zip(held, results, strict=False) if int(result)]
-            except Exception:  # the next read renews, or sweeps what was lost
-                raise_if_cancelled()
-                logger.debug("fan-out lease heartbeat failed", exc_info=True)
-
-    async def _autoclaim(self, partition: int, consumer: str, min_idle_ms: int, start: str,
+    async def _autoclaim(self, partition: int, consumer: str, start: str,
                          count: int) -> tuple[str, list[tuple[str, Change]]]:
-        """XAUTOCLAIM from ``start``: the next cursor (``0-0`` at the end) and what was claimed."""
+        """XAUTOCLAIM from ``start``, idle or not: the next cursor (``0-0`` at the end) and what was claimed."""
         try:
             reply = await self.client.xautoclaim(self.keys.log(partition), FANOUT_GROUP, consumer,
-                                                 min_idle_ms, start_id=start, count=count)
+                                                 0, start_id=start, count=count)
         except ResponseError as exc:
             if "NOGROUP" in str(exc):
                 return "0-0", []
@@ -378,13 +276,13 @@ class ChangeLog:
             cursor = f"{ms}-{seq + 1}"
         return cursor, claimed
 
-    async def _sweep(self, consumer: str, holding: _Holding, count: int) -> list[tuple[str, Change]]:
+    async def _sweep(self, consumer: str, holding: ConsumerShare, count: int) -> list[tuple[str, Change]]:
         """Changes a lapsed holder of a newly taken partition read and never acknowledged, oldest first."""
         taken: list[tuple[str, Change]] = []
         for partition, cursor in list(holding.sweep.items()):
             while len(taken) < count:
                 start = cursor
-                cursor, claimed = await self._autoclaim(partition, consumer, 0, start, count - len(taken))
+                cursor, claimed = await self._autoclaim(partition, consumer, start, count - len(taken))
                 taken += claimed
                 if cursor == "0-0" or (cursor == start and not claimed):
                     del holding.sweep[partition]
@@ -403,21 +301,22 @@ class ChangeLog:
         again first, oldest first, as is what a lapsed holder left pending in a partition taken
         over. Blocks for at most a third of the lease, so a holder that is idle keeps it.
         """
-        holding = self._holding_of(consumer)
+        holding = self.leases.share_of(consumer)
         holding.stop_heartbeat()
         if holding.handed:
             holding.handed.clear()
             for partition in holding.held:
                 holding.sweep[partition] = "0-0"
         try:
-            found = await self._read(consumer, count, block_ms)
+            with unavailable("changelog.read"):
+                found = await self._read(consumer, count, block_ms)
         except BaseException:
             # Whatever the server did: this consumer may now have entries pending it never saw.
             holding.held = []
             raise
         if found:
             holding.handed.update(change_id for change_id, _ in found)
-            holding.heartbeat = asyncio.create_task(self._beat(consumer, holding), name="fanout-lease")
+            self.leases.keep_while_working(consumer, holding)
         return found
 
     async def _read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
@@ -425,10 +324,10 @@ class ChangeLog:
         deadline = loop.time() + max(block_ms, 0) / 1000
         while True:
             remaining = int((deadline - loop.time()) * 1000)
-            holding = await self._hold(consumer)
+            holding = await self.leases.take_share(consumer)
             found = await self._sweep(consumer, holding, count) if holding.sweep else []
             held = holding.held
-            chunk = min(remaining, self._max_block_ms, self._lease_ms // 3)
+            chunk = min(remaining, self._max_block_ms, self.leases.lease_ms // 3)
             if found:
                 return found
             if not held:
@@ -460,37 +359,26 @@ class ChangeLog:
         leaves the log only once fan-out is done with it, so a flood can be refused but never
         evicts another tenant's unread change.
         """
-        by_partition: dict[int, list[str]] = {}
-        for change_id in ids:
-            number, _, entry_id = change_id.partition(":")
-            if number.isdigit() and entry_id:
-                by_partition.setdefault(int(number), []).append(entry_id)
-        batch = Batch(self.client)
-        for partition, entry_ids in by_partition.items():
-            batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
-                       [FANOUT_GROUP, "", *entry_ids])
-        for partition, left in zip(by_partition, await batch.execute(), strict=True):
-            self.backlog[partition] = int(left)
-        # Only now: ids whose acknowledgement failed are handed out again at the next read.
-        for holding in self._holding.values():
-            holding.handed.difference_update(ids)
+        with unavailable("changelog.ack"):
+            by_partition: dict[int, list[str]] = {}
+            for change_id in ids:
+                number, _, entry_id = change_id.partition(":")
+                if number.isdigit() and entry_id:
+                    by_partition.setdefault(int(number), []).append(entry_id)
+            batch = Batch(self.client)
+            for partition, entry_ids in by_partition.items():
+                batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
+                           [FANOUT_GROUP, "", *entry_ids])
+            for partition, left in zip(by_partition, await batch.execute(), strict=True):
+                self.backlog[partition] = int(left)
+            # Only now: ids whose acknowledgement failed are handed out again at the next read.
+            self.leases.acknowledged(ids)
 
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""
-        holding = self._holding.pop(consumer, None)
-        if holding is None:
-            return
-        holding.stop_heartbeat()
-        holding.held = []
-        # Every partition, not only those of the last successful hold: a read cut short (the
-        # consumer is being cancelled) forgets what it held, and the script checks the holder.
-        batch = Batch(self.client)
-        for partition in range(self.partitions):
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
-        if self.partitions > 1:
-            batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
-        await batch.execute()
-        await self._forget(consumer)
+        with unavailable("changelog.release"):
+            if await self.leases.release(consumer):
+                await self._forget(consumer)
 
     async def _forget(self, consumer: str) -> None:
         """Remove a stopping consumer from the group where it has nothing pending.
@@ -506,17 +394,5 @@ class ChangeLog:
             if not await self.client.xpending_range(key, FANOUT_GROUP, "-", "+", 1, consumername=consumer):
                 await self.client.xgroup_delconsumer(key, FANOUT_GROUP, consumer)
 
-    async def claim(self, consumer: str, min_idle_ms: int, count: int) -> list[tuple[str, Change]]:
-        """Changes pending longer than ``min_idle_ms`` in the partitions ``consumer`` holds or can take."""
-        holding = await self._hold(consumer)
-        claimed: list[tuple[str, Change]] = []  # (a sweep owed is left to the next read)
-        for partition in holding.held:
-            if len(claimed) >= count:
-                break
-            claimed += (await self._autoclaim(partition, consumer, min_idle_ms, "0-0", count - len(claimed)))[1]
-        await self._drop_unreadable()
-        return claimed
-
     def close(self) -> None:
-        for holding in self._holding.values():
-            holding.stop_heartbeat()
+        self.leases.close()

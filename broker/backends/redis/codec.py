@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from broker.backends.base import CLOSE_ALL, Frame, SessionRecord, Wake, change_position
+from broker.backends.types import CLOSE_ALL, Frame, SessionRecord, Wake, change_position
 from broker.changes import Change
 
 __all__ = [

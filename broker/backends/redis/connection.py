@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rexc
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
@@ -51,10 +51,13 @@ from redis.backoff import ExponentialBackoff
 from broker.config import Settings
 from broker.errors import BackendUnavailable
 
-__all__ = ["Clients", "ClientFactory", "open_clients", "unavailable"]
+__all__ = ["Client", "ClientFactory", "Clients", "open_clients", "unavailable"]
+
+#: A client of one server (plain, TLS, Sentinel's master) or of a Cluster.
+Client = Redis | RedisCluster
 
 #: Builds one client; the backend calls it twice (commands, pub/sub). Tests pass fakeredis here.
-ClientFactory = Callable[[], Any]
+ClientFactory = Callable[[], Redis]
 
 # Errors that mean "the store cannot be reached", as opposed to a bug in a command.
 _UNREACHABLE = (
@@ -82,8 +85,8 @@ def unavailable(what: str) -> Iterator[None]:
 
 @dataclass(slots=True)
 class Clients:
-    commands: Any
-    pubsub: Any
+    commands: Client
+    pubsub: Client
     cluster: bool
 
 
@@ -179,7 +182,7 @@ class _SentinelMasterPool(SentinelConnectionPool):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self.connection_class = _discarding(self.connection_class)
-        self.followers: list[SentinelConnectionPool] = []
+        self.followers: list[ConnectionPool] = []
         self._next_check = time.monotonic() + SENTINEL_RECHECK
         #: The master the last check found (or the first connection used); redis-py's own
         #: ``master_address`` moves whenever any connection is opened, so it cannot tell.
@@ -252,7 +255,7 @@ class _SentinelMasterPool(SentinelConnectionPool):
             await sentinel.aclose()
 
 
-def _make(settings: Settings, *, pubsub: bool) -> tuple[Any, bool]:
+def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
     url = settings.redis_url
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -301,7 +304,7 @@ def open_clients(settings: Settings, factory: ClientFactory | None = None) -> Cl
         return Clients(factory(), factory(), False)
     commands, cluster = _make(settings, pubsub=False)
     pubsub, _ = _make(settings, pubsub=True)
-    pool = getattr(commands, "connection_pool", None)  # a RedisCluster has none
-    if isinstance(pool, _SentinelMasterPool):
-        pool.followers.append(pubsub.connection_pool)
+    if (isinstance(commands, Redis) and isinstance(pubsub, Redis)  # a RedisCluster has no pool
+            and isinstance(commands.connection_pool, _SentinelMasterPool)):
+        commands.connection_pool.followers.append(pubsub.connection_pool)
     return Clients(commands, pubsub, cluster)

@@ -18,6 +18,7 @@ key                            type        what
 ``P:{c:<n>}:backlog``          hash        per tenant: changes of partition ``n`` not yet fanned out
 ``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
 ``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
+``P:lease:<name>``             string      the owner of a named lease (``base.Leases``)
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
@@ -77,19 +78,9 @@ class Keys:
         base = f"{self.prefix}:{{s:{session_id}}}"
         return SessionKeys(base + ":meta", base + ":subs", base + ":inbox", base + ":wake")
 
-    def wake(self, session_id: str) -> str:
-        return f"{self.prefix}:{{s:{session_id}}}:wake"
-
     def node_wake(self, node: str) -> str:
         """The channel of one worker process: frame wake-ups of the sessions it watches (single node)."""
         return f"{self.prefix}:{{w:{node}}}:wake"
-
-    def wake_session(self, channel: str) -> str | None:
-        """The session id a wake channel belongs to, or None for another channel."""
-        head, tail = f"{self.prefix}:{{s:", "}:wake"
-        if channel.startswith(head) and channel.endswith(tail):
-            return channel[len(head) : -len(tail)]
-        return None
 
     def tenant_sessions(self, tenant: str) -> str:
         return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:sessions"
@@ -104,6 +95,10 @@ class Keys:
     def lease(self, partition: int) -> str:
         """Which fan-out consumer holds the partition (it alone reads it, so changes keep their order)."""
         return f"{self.prefix}:{{c:{partition}}}:lease"
+
+    def named_lease(self, name: str) -> str:
+        """The owner of a named lease: one key per lease, no hash tag (every call touches one key)."""
+        return f"{self.prefix}:lease:{name}"
 
     def backlog(self, partition: int) -> str:
         """Per tenant, how many of the partition's changes fan-out has not processed yet."""

@@ -8,8 +8,9 @@ sources for key arguments that do not come from ``KEYS``.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
 
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 __all__ = ["NAMES", "Scripts", "source"]
@@ -44,7 +45,7 @@ def source(name: str) -> str:
 class Scripts:
     """One ``AsyncScript`` per file; ``AsyncScript`` reloads a script the server forgot (NOSCRIPT)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Redis | RedisCluster) -> None:
         loaded = {name: client.register_script(source(name)) for name in NAMES}
         self.get_or_set: AsyncScript = loaded["get_or_set"]
         self.session_create: AsyncScript = loaded["session_create"]
@@ -65,4 +66,3 @@ class Scripts:
         self.fanout_consumers: AsyncScript = loaded["fanout_consumers"]
         self.changelog_append: AsyncScript = loaded["changelog_append"]
         self.changelog_ack: AsyncScript = loaded["changelog_ack"]
-        self.all = list(loaded.values())

@@ -27,9 +27,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
 
-from broker.backends.redis.connection import unavailable
+from broker.backends.redis.connection import Client, unavailable
 from broker.errors import BackendUnavailable, raise_if_cancelled
+from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["WakeBus"]
 
@@ -39,13 +41,18 @@ Dispatch = Callable[[bytes], None]
 
 
 class WakeBus:
-    def __init__(self, client: Any, *, sharded: bool, cluster: bool, timeout: float,
-                 on_reconnect: Callable[[], Awaitable[None]]) -> None:
+    """The pub/sub connection of this process; usable once ``start`` said whether pub/sub is sharded."""
+
+    def __init__(self, client: Client, *, cluster: bool, timeout: float,
+                 on_reconnect: Callable[[], Awaitable[None]], metrics: Metrics = NO_METRICS) -> None:
         self._client = client
-        self.sharded = sharded
+        #: Whether channels are sharded (SSUBSCRIBE, SPUBLISH: Redis >= 7, and fakeredis).
+        self.sharded = True
+        self._started = False
         self._cluster = cluster
         self._timeout = timeout
         self._on_reconnect = on_reconnect
+        #: A ``PubSub``, or on Cluster a ``ClusterPubSub``, whose per-node API differs.
         self._pubsub: Any = None
         self._channels: dict[str, Dispatch] = {}
         self._confirm: dict[str, deque[asyncio.Future[None]]] = {}
@@ -55,6 +62,17 @@ class WakeBus:
         self._resubscriber: asyncio.Task[None] | None = None
         self._closed = False
         self.reconnects = 0
+        self._reconnects = metrics.counter("mcp_broker_pubsub_reconnects_total")
+
+    def start(self, *, sharded: bool) -> None:
+        """Channels are subscribed from now on, sharded or not as the server allows."""
+        self.sharded = sharded
+        self._started = True
+
+    @property
+    def publish_command(self) -> str:
+        """How scripts and the backend publish to a channel this bus subscribes."""
+        return "SPUBLISH" if self.sharded else "PUBLISH"
 
     # -- subscriptions ---------------------------------------------------------------------
     async def subscribe(self, channel: str, dispatch: Dispatch) -> None:
@@ -104,6 +122,8 @@ class WakeBus:
 
     # -- the reader ------------------------------------------------------------------------
     async def _ensure_reader(self) -> None:
+        if not self._started:
+            raise RuntimeError("RedisBackend.start() was not called")
         if self._closed:
             raise BackendUnavailable("the backend is closed")
         if self._task is None:
@@ -115,17 +135,18 @@ class WakeBus:
                 raise BackendUnavailable("redis pub/sub is not connected") from exc
 
     async def _connect(self) -> None:
-        if self._cluster:
+        client = self._client
+        if isinstance(client, RedisCluster):
             # The slot map must be known before SSUBSCRIBE can route; ClusterPubSub then
             # connects to each node on its first subscription there.
             with unavailable("pub/sub connect"):
-                await self._client.initialize()
-            self._pubsub = self._client.pubsub()
+                await client.initialize()
+            self._pubsub = client.pubsub()
             return
-        pubsub = self._client.pubsub()
+        pubsub = client.pubsub()
         self._pubsub = pubsub
         with unavailable("pub/sub connect"):
-            await pubsub.connect()
+            await pubsub.connect()  # type: ignore[no-untyped-call]
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -162,6 +183,7 @@ class WakeBus:
             await self._drop()
             return
         self.reconnects += 1
+        self._reconnects.inc()
         logger.info("redis pub/sub reconnected; %d channels re-subscribed", len(wanted))
         try:
             await self._on_reconnect()

@@ -1,33 +1,37 @@
-"""The sessions this process watches: wake-up handlers, their channels, and this process's node channel.
+"""The sessions this process watches: wake-up handlers, their channels, and this process's node.
 
 Takeovers and subscription changes (and, on Cluster, frames) come on a session's own channel;
 on a single node, frames come on this process's node channel, one message per fan-out batch,
-for every session whose record names this node.
+for every session whose record names this node. Everything about the node lives here: which
+node a claim or a restore names (``claimant``), and the order that keeps the handoff (the
+node's channel is subscribed before a session names the node).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
-from broker.backends.base import Wake, WakeHandler
 from broker.backends.redis.codec import decode_node_wakes, decode_wakes
 from broker.backends.redis.connection import unavailable
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
+from broker.backends.types import Handlers, Wake, WakeHandler
 
 __all__ = ["Watchers"]
 
 
 class Watchers:
-    def __init__(self, keys: Keys, scripts: Scripts, bus: Callable[[], WakeBus], *, cluster: bool) -> None:
+    """Wake-up handlers per watched session, and the subscriptions that feed them."""
+
+    def __init__(self, keys: Keys, scripts: Scripts, bus: WakeBus, *, cluster: bool) -> None:
         self.keys = keys
         self.scripts = scripts
         self._bus = bus
         self.cluster = cluster
-        self._watchers: dict[str, list[WakeHandler]] = {}
+        self._handlers: Handlers[str, Wake] = Handlers("wake-up")
         self._watching: dict[str, asyncio.Task[None]] = {}
         #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
         self.node = secrets.token_hex(6)
@@ -36,31 +40,30 @@ class Watchers:
         self._late: set[asyncio.Task[None]] = set()
 
     def watches(self, session_id: str) -> bool:
-        return session_id in self._watchers
+        return session_id in self._handlers
+
+    def claimant(self, session_id: str) -> str:
+        """The node a claim (or a restore) of the session names: '' unless a stream watches it here.
+
+        A stream that watches the session here claims it: frames are announced to this node
+        from then on. On Cluster no session names a node (frames come on its own channel).
+        """
+        return self.node if not self.cluster and self.watches(session_id) else ""
 
     def wake_all(self) -> None:
         """Every watched stream re-reads its inbox (wake-ups may have been lost, e.g. during a reconnect)."""
-        for sid, handlers in list(self._watchers.items()):
-            self._deliver(sid, handlers, [Wake("frames", 0)])
-
-    def _deliver(self, session_id: str, handlers: Sequence[WakeHandler], wakes: Sequence[Wake]) -> None:
-        for handler in list(handlers):
-            for wake in wakes:
-                handler(wake)
+        for session_id in self._handlers.keys():
+            self._handlers.call(session_id, Wake("frames", 0))
 
     def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
         def dispatch(payload: bytes) -> None:
-            handlers = self._watchers.get(session_id)
-            if handlers:
-                self._deliver(session_id, handlers, decode_wakes(payload))
+            self._handlers.call(session_id, *decode_wakes(payload))
 
         return dispatch
 
     def _on_node_message(self, payload: bytes) -> None:
         for session_id, wakes in decode_node_wakes(payload):
-            handlers = self._watchers.get(session_id)
-            if handlers:
-                self._deliver(session_id, handlers, wakes)
+            self._handlers.call(session_id, *wakes)
 
     async def _watch_node(self, session_id: str) -> None:
         """Single node: this process's channel is subscribed, then the session names this process.
@@ -71,22 +74,19 @@ class Watchers:
         pending = self._node_channel
         if pending is None or (pending.done() and (pending.cancelled() or pending.exception() is not None)):
             channel = self.keys.node_wake(self.node)
-            pending = self._node_channel = asyncio.ensure_future(
-                self._bus().subscribe(channel, self._on_node_message))
+            pending = self._node_channel = asyncio.ensure_future(self._bus.subscribe(channel, self._on_node_message))
         await asyncio.shield(pending)
         with unavailable("watch"):
             await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=["node", self.node])
 
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
         """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
-        bus = self._bus()
-        handlers = self._watchers.setdefault(session_id, [])
-        handlers.append(handler)
+        self._handlers.add(session_id, handler)
         subscribing = self._watching.get(session_id)
         if subscribing is None:
             # Takeovers and subscription changes (and, on Cluster, frames) come on the session's channel.
-            channel = self.keys.wake(session_id)
-            subscribing = asyncio.ensure_future(bus.subscribe(channel, self._on_wake_message(session_id)))
+            channel = self.keys.session(session_id).wake
+            subscribing = asyncio.ensure_future(self._bus.subscribe(channel, self._on_wake_message(session_id)))
             self._watching[session_id] = subscribing
         try:
             await asyncio.shield(subscribing)
@@ -102,13 +102,8 @@ class Watchers:
         return unwatch
 
     async def _unwatch(self, session_id: str, handler: WakeHandler) -> None:
-        handlers = self._watchers.get(session_id)
-        if handlers is None or handler not in handlers:
-            return
-        handlers.remove(handler)
-        if handlers:
-            return
-        del self._watchers[session_id]
+        if not self._handlers.remove(session_id, handler):
+            return  # unknown, or the session still has other handlers
         subscribing = self._watching.pop(session_id, None)
         if subscribing is None:
             return
@@ -117,11 +112,11 @@ class Watchers:
             # so it is undone once it has, unless the session is being watched again by then.
             subscribing.add_done_callback(lambda done: self._unsubscribe_late(session_id, done))
         elif not subscribing.cancelled() and subscribing.exception() is None:
-            await self._bus().unsubscribe(self.keys.wake(session_id))
+            await self._bus.unsubscribe(self.keys.session(session_id).wake)
 
     def _unsubscribe_late(self, session_id: str, subscribing: asyncio.Future[None]) -> None:
         if session_id in self._watching or subscribing.cancelled() or subscribing.exception() is not None:
             return
-        task = asyncio.ensure_future(self._bus().unsubscribe(self.keys.wake(session_id)))
+        task = asyncio.ensure_future(self._bus.unsubscribe(self.keys.session(session_id).wake))
         self._late.add(task)
         task.add_done_callback(self._late.discard)

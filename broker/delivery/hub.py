@@ -1,27 +1,27 @@
-"""The Hub: every stream one worker process holds, and the timers that keep them.
+"""The Hub: the timers that keep one process's streams, its backend health check, and its shutdown.
 
 One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the
 idle clock of sessions with an open stream from running out, watches the backend's health
 while streams are open (one ping at a time, on its own schedule, ending every stream with
-``retry:`` once the backend has not answered for ``outage_grace`` seconds), indexes the open
-listens by URI for the broadcast of processed changes, and ends every stream on shutdown
-(``retry:`` for legacy streams, the ``complete`` result for listens).
+``retry:`` once the backend has not answered for ``outage_grace`` seconds), subscribes the
+process's listens to the broadcast of processed changes, and ends every stream on shutdown
+(``retry:`` for legacy streams, the ``complete`` result for listens). It knows the streams only
+through the ``Streams`` registry; they never reach back into it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
-from broker.backends.base import Backend, Frame, SessionRecord
-from broker.changes import Change, ChangeKind
+from broker.backends.base import Broadcast
 from broker.config import Settings
-from broker.delivery import LegacyStream, Listen
+from broker.delivery.listen import ListenIndex
+from broker.delivery.stream import EndReason, Streams
 from broker.errors import BackendUnavailable, raise_if_cancelled
-from broker.frames import LIST_CHANGED, update_frame
-from broker.uris import notify_targets
+from broker.metrics import Metrics
 
 __all__ = ["Hub"]
 
@@ -35,32 +35,33 @@ TOUCH_CHUNK: Final = 200
 
 
 class Hub:
-    """Every stream this process holds, one keep-alive timer, the backend's health, and the listen registry."""
+    """One keep-alive timer, the backend's health, and shutdown, over every stream of this process."""
 
-    def __init__(self, settings: Settings, backend: Backend, server_meta: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, streams: Streams, listens: ListenIndex, broadcast: Broadcast, *,
+                 touch: Callable[[Sequence[str]], Awaitable[None]], ping: Callable[[], Awaitable[None]],
+                 metrics: Metrics) -> None:
+        """``touch`` restarts the idle clock of sessions; ``ping`` raises ``BackendUnavailable`` when the
+        backend does not answer."""
         self.settings = settings
-        self.backend = backend
-        self.server_meta = server_meta
-        self.legacy: dict[LegacyStream, None] = {}
-        self.listens: set[Listen] = set()
-        self._by_uri: dict[tuple[str, str], set[Listen]] = {}
-        self._list_changed: dict[str, set[Listen]] = {}
+        self.streams = streams
+        self.listens = listens
+        self.broadcast = broadcast
+        self.touch = touch
+        self.ping = ping
+        self._outages = metrics.counter("mcp_broker_backend_outages_total")
         self._tasks: list[asyncio.Task[None]] = []
-        self._remove_broadcast: Callable[[], Awaitable[None]] | None = None
-        self.closing = False
+        self._unsubscribe: Callable[[], Awaitable[None]] | None = None
         #: Loop time at which the first backend ping that did not answer was sent; None while
         #: the backend answers (or no stream is open to care).
         self.outage_since: float | None = None
 
     async def start(self) -> None:
-        self._remove_broadcast = await self.backend.on_broadcast(self._on_change, self._on_broadcast_lost)
+        """Subscribe the listens to the broadcast and start the timers. Raises ``BackendUnavailable``."""
+        self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick(), name="hub-keepalive"),
                        loop.create_task(self._touch(), name="hub-touch"),
                        loop.create_task(self._watch_backend(), name="hub-health")]
-
-    def _streams(self) -> list[LegacyStream | Listen]:
-        return [*self.legacy, *self.listens]
 
     async def _tick(self) -> None:
         # Keep-alives are spread over KEEPALIVE_SLOTS ticks per interval, and only streams that
@@ -71,7 +72,7 @@ class Hub:
         while True:
             await asyncio.sleep(self.settings.keepalive_interval / KEEPALIVE_SLOTS)
             turn = (turn + 1) % KEEPALIVE_SLOTS
-            for stream in self._streams():
+            for stream in self.streams.all():
                 if hash(stream) % KEEPALIVE_SLOTS == turn:
                     if stream.active:
                         stream.active = False
@@ -87,10 +88,10 @@ class Hub:
         every = min(self.settings.keepalive_interval, self.settings.session_ttl / 3)
         while True:
             await asyncio.sleep(every)
-            sids = [s.session.id for s in self.legacy]
+            sids = list(set(self.streams.legacy.values()))
             try:
                 for start in range(0, len(sids), TOUCH_CHUNK):
-                    await self.backend.touch_sessions(sids[start:start + TOUCH_CHUNK])
+                    await self.touch(sids[start:start + TOUCH_CHUNK])
             except BackendUnavailable as exc:
                 logger.warning("could not refresh the idle clocks of %d open sessions: %s", len(sids), exc)
             except Exception:  # the task's boundary: the next round must still run
@@ -124,7 +125,7 @@ class Hub:
                         self.outage_since = ended_for = None
                     elif self.outage_since is None:
                         self.outage_since = sent
-                streams = bool(self.legacy or self.listens)
+                streams = bool(self.streams.legacy or self.streams.listens)
                 if not streams and ping is None:
                     self.outage_since = None  # nothing to protect; a later stream starts afresh
                 elif ping is None and now >= next_ping:
@@ -134,12 +135,13 @@ class Hub:
                 if streams and since is not None and now - since >= grace:
                     if ended_for != since:
                         ended_for = since
+                        self._outages.inc()
                         logger.warning("backend unavailable for %.1fs: ending %d streams with retry:",
-                                       now - since, len(self.legacy) + len(self.listens))
+                                       now - since, len(self.streams))
                     # Wake-ups may have been lost and nothing can be read: clients resume from their
                     # cursors (elsewhere, or here later) rather than sit on a stream that went deaf.
-                    for stream in self._streams():
-                        stream.end("unavailable")
+                    for stream in self.streams.all():
+                        stream.end(EndReason.UNAVAILABLE)
                 # Sleep until the next ping is due, the one in flight settles, or the grace runs out.
                 wake = now + interval if ping is not None else next_ping
                 if streams and since is not None and now < since + grace:
@@ -155,71 +157,25 @@ class Hub:
     async def _ping(self, deadline: float) -> None:
         """Raises ``BackendUnavailable`` or ``TimeoutError``: the backend did not answer."""
         async with asyncio.timeout(deadline):
-            await self.backend.ping()
+            await self.ping()
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """End every stream (``retry:`` / ``complete``) and wait for them to go, at most ``timeout``."""
-        self.closing = True
-        for stream in self._streams():
-            stream.end("shutdown")
+        self.streams.closing = True
+        for stream in self.streams.all():
+            stream.end(EndReason.SHUTDOWN)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while (self.legacy or self.listens) and loop.time() < deadline:
+        while self.streams and loop.time() < deadline:
             await asyncio.sleep(0.01)
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        remove, self._remove_broadcast = self._remove_broadcast, None  # shutdown may run twice
-        if remove is not None:
+        unsubscribe, self._unsubscribe = self._unsubscribe, None  # shutdown may run twice
+        if unsubscribe is not None:
             try:
-                await remove()
+                await unsubscribe()
             except BackendUnavailable:
                 pass
-
-    def _on_broadcast_lost(self) -> None:
-        """The backend may have lost broadcasts (its connection was re-made): every listen gets the gap rule."""
-        if self.listens:
-            logger.warning("broadcasts may have been lost; resynchronising %d listens", len(self.listens))
-        for listen in self.listens:
-            listen.resync()
-
-    # -- listens ------------------------------------------------------------------------
-    def add_listen(self, listen: Listen) -> None:
-        self.listens.add(listen)
-        for uri in listen.uris:
-            self._by_uri.setdefault((listen.tenant, uri), set()).add(listen)
-        if listen.list_changed:
-            self._list_changed.setdefault(listen.tenant, set()).add(listen)
-
-    def remove_listen(self, listen: Listen) -> None:
-        self.listens.discard(listen)
-        for uri in listen.uris:
-            members = self._by_uri.get((listen.tenant, uri))
-            if members is not None:
-                members.discard(listen)
-                if not members:
-                    del self._by_uri[(listen.tenant, uri)]
-        if listen.list_changed:
-            members = self._list_changed.get(listen.tenant)
-            if members is not None:
-                members.discard(listen)
-                if not members:
-                    del self._list_changed[listen.tenant]
-
-    def _on_change(self, change: Change) -> None:
-        if not self.listens:
-            return
-        for uri in notify_targets(change.uri):
-            for listen in self._by_uri.get((change.tenant, uri), ()):
-                listen.push("u:" + uri, "notifications/resources/updated", {"uri": uri}, change.meta)
-        if change.kind is not ChangeKind.UPDATED:
-            for listen in self._list_changed.get(change.tenant, ()):
-                listen.push("l", "notifications/resources/list_changed", {})
-
-    # -- legacy -------------------------------------------------------------------------
-    async def resync_frames(self, session: SessionRecord) -> list[Frame]:
-        uris = sorted(await self.backend.get_subscriptions(session.id))
-        return [*(update_frame(uri) for uri in uris), LIST_CHANGED]
-

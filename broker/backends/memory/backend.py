@@ -1,0 +1,70 @@
+"""The in-memory backend: one process, every guarantee of ``base.Backend``.
+
+It is the embedded default and the reference implementation the contract suite is written
+against. Everything runs on the event loop, so each method body is atomic by construction:
+no method awaits between reading and writing shared state (each store's module says how).
+
+``MemoryBackend`` only assembles the stores, one module each. The session, subscription and
+inbox stores share one ``SessionState`` (deleting a session drops its subscriptions, index
+entries and inbox; a subscription change wakes the session's watcher); the record store
+writes its changes through the change log's ``admit`` and ``append``, in the same step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker.backends.base import (
+    Backend,
+    Broadcast,
+    ChangeLog,
+    Inboxes,
+    Leases,
+    RecordStore,
+    SessionStore,
+    SubscriptionIndex,
+)
+from broker.backends.memory.broadcast import MemoryBroadcast
+from broker.backends.memory.changelog import MemoryChangeLog
+from broker.backends.memory.inboxes import MemoryInboxes
+from broker.backends.memory.leases import MemoryLeases
+from broker.backends.memory.records import MemoryRecords
+from broker.backends.memory.sessions import MemorySessions
+from broker.backends.memory.state import SessionState
+from broker.backends.memory.subscriptions import MemorySubscriptions
+from broker.config import Settings
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend:
+    """Shared state for a single process: the stores of ``base.Backend``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        state = SessionState(settings)
+        changelog = MemoryChangeLog(settings)
+        # Typed as the protocols: ``Backend``'s attributes are settable, so a conforming type
+        # must be exactly theirs (a test may also put a store of its own in one's place).
+        self.sessions: SessionStore = MemorySessions(state)
+        self.subscriptions: SubscriptionIndex = MemorySubscriptions(state)
+        self.inboxes: Inboxes = MemoryInboxes(state)
+        self.changelog: ChangeLog = changelog
+        self.broadcast: Broadcast = MemoryBroadcast()
+        self.records: RecordStore = MemoryRecords(settings, changelog)
+        self.leases: Leases = MemoryLeases()
+        self._changelog = changelog
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._changelog.close()
+
+    async def ping(self) -> None:
+        return None
+
+
+if TYPE_CHECKING:
+    def _conforms(settings: Settings) -> Backend:  # mypy checks that MemoryBackend is a Backend
+        return MemoryBackend(settings)

@@ -1,0 +1,217 @@
+"""Inboxes on Redis (``base.Inboxes``): each session's frames, the wake-ups of its stream, its claim.
+
+Offsets and gap detection
+    A session's ``head`` (a field of its hash) counts every frame ever appended; frame *n* is
+    stored as stream entry ``<n>-0``, so an offset is the millisecond part of its entry id and
+    offsets are contiguous. Whether a cursor ``after`` is honoured is ``types.inbox_gap``; the
+    oldest retained offset it needs is what a read from ``after + 1`` tells: at least
+    ``head - inbox_maxlen + 1`` (only the newest ``inbox_maxlen`` count as retained), and beyond
+    ``after + 1`` unless entry ``after + 1`` is still stored and younger than ``inbox_retention``.
+    Since nothing but trimming removes entries, that test is exact, on every server and on
+    fakeredis (no need for ``XINFO STREAM`` max-deleted-entry-id). ``MAXLEN ~`` trims whole
+    stream nodes lazily; the logical bound above makes retention exact anyway; time-based
+    trimming happens in the append script, a bounded number of entries per call.
+
+Atomic append and wake-up
+    ``inbox_append.lua`` increments ``head``, XADDs every frame and publishes one wake-up that
+    carries the offsets and the frames, atomically per session (one call carries many sessions
+    on a single node, one in a Cluster). A watcher whose (S)SUBSCRIBE Redis confirmed before it
+    read the inbox therefore sees every later frame, in the read or in a wake-up.
+
+Wake-ups
+    SPUBLISH/SSUBSCRIBE on ``P:{s:<sid>}:wake`` when the server has sharded pub/sub (Redis 7,
+    and fakeredis), PUBLISH/SUBSCRIBE otherwise; one pub/sub connection per process
+    (``wakes.WakeBus``). On a single node, frame wake-ups go to the node channel of the worker
+    that watches the session instead (``watchers``). After a reconnect every watched stream gets
+    a frames wake without a frame and re-reads its inbox.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
+
+from broker.backends.redis.batch import Batch
+from broker.backends.redis.codec import (
+    NodeWake,
+    as_text,
+    decode_entry,
+    encode_frame,
+    encode_mark,
+    entry_offset,
+    split_node_wakes,
+)
+from broker.backends.redis.connection import Client, unavailable
+from broker.backends.redis.epoch import Epoch
+from broker.backends.redis.keys import Keys
+from broker.backends.redis.scripts import Scripts
+from broker.backends.redis.wakes import WakeBus
+from broker.backends.redis.watchers import Watchers
+from broker.backends.types import CLOSE_ALL, Frame, InboxRead, StreamClaim, StreamStart, WakeHandler, inbox_gap
+from broker.config import Settings
+
+__all__ = ["RedisInboxes"]
+
+#: Sessions per ``inbox_append`` call on a single node: few enough that one call stays short.
+APPEND_SESSIONS_PER_CALL = 64
+
+
+class RedisInboxes:
+    """Per-session frames, the wake-ups that announce them, and the one live stream of each session."""
+
+    def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, epoch: Epoch,
+                 bus: WakeBus, watchers: Watchers, cluster: bool) -> None:
+        self.settings = settings
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        self._epoch = epoch
+        self._bus = bus
+        self._watchers = watchers
+        self.cluster = cluster
+
+    async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+        """Per frame the script gets its change's mark (see ``inbox_append.lua``) and the packed frame."""
+        per_session: dict[str, list[bytes | str]] = {}
+        packed: dict[int, tuple[str, bytes]] = {}  # fan-out shares one Frame among its subscribers: pack it once
+        for sid, frame in batch:
+            pair = packed.get(id(frame))
+            if pair is None:
+                pair = packed[id(frame)] = (encode_mark(frame.change), encode_frame(frame))
+            per_session.setdefault(sid, []).extend(pair)
+        if not per_session:
+            return []
+        now_ms = int(time.time() * 1000)
+        cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
+        # One script call per session costs the client ~40 us to pack and parse; on a single
+        # node a call carries up to APPEND_SESSIONS_PER_CALL sessions instead, and the wake-ups
+        # go out afterwards, one message per watching worker (see _publish_wakes). In a Cluster
+        # a script may only touch one slot, so each session is its own call, publishing itself.
+        per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
+        frame_max = min(self.settings.wake_frame_max_bytes, self.settings.wake_message_max_bytes // 2)
+        publish = self._bus.publish_command if self.cluster else ""
+        head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, frame_max]
+        sids = list(per_session)
+        with unavailable("inboxes.append"):
+            calls = Batch(self.client)
+            for start in range(0, len(sids), per_call):
+                keys: list[str] = []
+                args: list[Any] = list(head)
+                for sid in sids[start : start + per_call]:
+                    session_keys = self.keys.session(sid)
+                    keys += [session_keys.meta, session_keys.inbox, session_keys.wake]
+                    marked = per_session[sid]
+                    args.append(len(marked) // 2)
+                    args += marked
+                calls.call(self.scripts.inbox_append, keys, args)
+            results = await calls.execute()
+            replies = [value for result in results for value in result]
+            heads = [int(h) for h in replies[0::3]]
+            if not self.cluster:
+                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::3]],
+                                          per_session, replies[2::3])
+        return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
+
+    async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
+                             marked: dict[str, list[bytes | str]], skipped: list[list[int]]) -> None:
+        """The wake-ups of a whole batch, per worker node, in messages of bounded size, after the appends.
+
+        Publishing after the append script (rather than inside it) keeps the handoff: a stream
+        registers its node before it reads the inbox, so a frame appended later is either in
+        that read or announced to the node afterwards. Frames the script skipped (repeats) are
+        not announced. A session whose frames are larger than ``wake_frame_max_bytes`` gets a
+        frameless wake and reads them from its inbox: one large change watched by many streams
+        on a worker must not reach Redis's pub/sub buffer limit, which drops the worker's
+        connection and makes every stream of it re-read.
+        """
+        settings = self.settings
+        frame_max = min(settings.wake_frame_max_bytes, settings.wake_message_max_bytes // 2)
+        by_node: dict[str, list[NodeWake]] = {}
+        for sid, head, node, skips in zip(sids, heads, nodes, skipped, strict=True):
+            if head >= 0 and node:
+                frames = cast("list[bytes]", marked[sid][1::2])
+                if skips:
+                    left_out = {int(i) - 1 for i in skips}
+                    frames = [data for i, data in enumerate(frames) if i not in left_out]
+                if not frames:
+                    continue
+                packed = b"".join(frames)
+                entry: NodeWake = (sid, head, None) if len(packed) > frame_max else (
+                    sid, head - len(frames) + 1, packed)
+                by_node.setdefault(node, []).append(entry)
+        if by_node:
+            batch = Batch(self.client)
+            for node, entries in by_node.items():
+                channel = self.keys.node_wake(node)
+                for message in split_node_wakes(entries, settings.wake_message_max_bytes):
+                    batch.pipe.execute_command(self._bus.publish_command, channel, message)
+            await batch.execute()
+
+    async def read(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
+        keys = self.keys.session(session_id)
+        with unavailable("inboxes.read"):
+            found = await self.scripts.inbox_read(keys=[keys.meta, keys.inbox], args=[after + 1, max(limit, 1)])
+            return await self._inbox_read(found, epoch, after, limit)
+
+    async def _inbox_read(self, found: Any, epoch: str, after: int, limit: int) -> InboxRead:
+        """An ``inbox_read.lua`` reply as an ``InboxRead``."""
+        if not found:
+            # A vanished session: maybe Redis lost everything, so agree on the epoch again.
+            return InboxRead(await self._epoch.refresh(), [], True, 0, gone=True)
+        session_epoch, head, entries = as_text(found[0]), int(found[1]), found[2]
+        if inbox_gap(epoch, session_epoch, after, head, self._oldest(after, head, entries)):
+            return InboxRead(session_epoch, [], True, head)
+        frames = [(entry_offset(entry_id), decode_entry(fields)) for entry_id, fields in entries[:limit]]
+        return InboxRead(session_epoch, frames if after < head else [], False, head)
+
+    def _oldest(self, after: int, head: int, entries: Sequence[Any]) -> int:
+        """The oldest retained offset, as far as ``types.inbox_gap`` needs it from a read after ``after``.
+
+        At least the logical bound (the newest ``inbox_maxlen`` frames); when frames follow the
+        cursor, ``after + 1`` if that entry is still stored and within the retention window, and
+        beyond it otherwise (it was trimmed, or aged out).
+        """
+        oldest = head - self.settings.inbox_maxlen + 1
+        if after < head:
+            first = entries[0] if entries else None
+            if first is None or entry_offset(first[0]) != after + 1:
+                return max(oldest, after + 2)  # trimmed
+            fields = first[1]
+            if int(fields[fields.index(b"t") + 1]) < (time.time() - self.settings.inbox_retention) * 1000:
+                return max(oldest, after + 2)  # older than the retention window
+            return max(oldest, after + 1)
+        return oldest
+
+    async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
+        """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
+        return await self._watchers.watch(session_id, handler)
+
+    async def claim_stream(self, session_id: str) -> StreamClaim:
+        keys = self.keys.session(session_id)
+        with unavailable("inboxes.claim_stream"):
+            reply = await self.scripts.stream_claim(keys=[keys.meta, keys.wake], args=self._claim_args(session_id))
+        return self._claim(reply)
+
+    def _claim_args(self, session_id: str) -> list[str]:
+        # The claimant's node: frames are announced there from the claim on (see Watchers.claimant).
+        return [self._bus.publish_command, self._watchers.claimant(session_id)]
+
+    @staticmethod
+    def _claim(reply: Any) -> StreamClaim:
+        """A ``stream_claim.lua`` reply as a ``StreamClaim``."""
+        had, generation = reply
+        return StreamClaim(bool(had), int(generation) if generation else CLOSE_ALL)
+
+    async def start_stream(self, session_id: str, epoch: str, after: int, limit: int) -> StreamStart:
+        """One round trip on a single node, in this order; on Cluster the three run concurrently
+        (the stream's channel is subscribed already, so a frame the read misses still wakes it)."""
+        keys = self.keys.session(session_id)
+        with unavailable("inboxes.start_stream"):
+            batch = Batch(self.client)
+            batch.call(self.scripts.subscriptions_get, [keys.meta, keys.subs], [])
+            batch.call(self.scripts.stream_claim, [keys.meta, keys.wake], self._claim_args(session_id))
+            batch.call(self.scripts.inbox_read, [keys.meta, keys.inbox], [after + 1, max(limit, 1)])
+            uris, claimed, found = await batch.execute()
+            read = await self._inbox_read(found, epoch, after, limit)
+        return StreamStart({as_text(uri) for uri in uris}, self._claim(claimed), read)

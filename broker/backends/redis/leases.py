@@ -1,0 +1,208 @@
+"""Leases on Redis: each fan-out consumer's share of the change-log partitions, and named leases.
+
+Both are ``partition_lease.lua`` on a key of their own: one holder at a time, for a ttl after
+its last renewal, taken by the next that asks once it lapses.
+
+Partition leases (``P:{c:<n>}:lease``)
+    Each partition of the change log is read by one fan-out consumer at a time, the holder of
+    its lease (``changelog`` says why). Each live consumer holds its share of the partitions
+    (``PartitionLeases.take_share``), so fan-out spreads over workers when there are several;
+    a heartbeat keeps the leases while the consumer works on what it read.
+
+Named leases (``P:lease:<name>``, ``base.Leases``)
+    For change sources that must run on one worker. One key per call, so legal on Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Sequence
+
+from redis.exceptions import RedisError
+
+from broker.backends.redis.batch import Batch
+from broker.backends.redis.connection import Client, unavailable
+from broker.backends.redis.keys import Keys
+from broker.backends.redis.scripts import Scripts
+from broker.errors import raise_if_cancelled
+
+__all__ = ["HEARTBEAT_LEASES", "ConsumerShare", "PartitionLeases", "RedisLeases"]
+
+logger = logging.getLogger(__name__)
+
+#: How many leases' time a consumer's heartbeat keeps its partitions while it works on one batch.
+HEARTBEAT_LEASES = 10
+
+
+class ConsumerShare:
+    """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
+
+    __slots__ = ("handed", "heartbeat", "held", "sweep", "turn")
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.turn = 0
+        #: partition -> XAUTOCLAIM cursor of a sweep still to finish
+        self.sweep: dict[int, str] = {}
+        #: Ids of the last read not acknowledged yet: any left at the next read failed.
+        self.handed: set[str] = set()
+        #: Renews the leases while the caller works on what it read.
+        self.heartbeat: asyncio.Task[None] | None = None
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+            self.heartbeat = None
+
+
+class PartitionLeases:
+    """The partition leases of this process's fan-out consumers, and the registry of live consumers."""
+
+    def __init__(self, client: Client, keys: Keys, scripts: Scripts, *, partitions: int, lease_ms: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        #: How many partitions the change log has (the count stored in Redis wins: see ``changelog``).
+        self.partitions = partitions
+        self.lease_ms = lease_ms
+        self._shares: dict[str, ConsumerShare] = {}
+        #: Live fan-out consumers, as the registry last said.
+        self._live = 1
+
+    def share_of(self, consumer: str) -> ConsumerShare:
+        share = self._shares.get(consumer)
+        if share is None:
+            share = self._shares[consumer] = ConsumerShare()
+        return share
+
+    async def take_share(self, consumer: str) -> ConsumerShare:
+        """Keep the partitions this consumer holds and take free ones, up to its share.
+
+        The share is the partition count divided among the live consumers (a registry each
+        hold renews), so with several partitions fan-out spreads over the workers: a consumer
+        above its share gives the surplus up, one below it asks for every partition it does not
+        hold, from a place that moves with every call, and gives back what it got beyond its
+        share. One round trip for a single partition, two or three otherwise.
+
+        A partition this consumer did not hold after its last successful call is swept before
+        it is read: whoever held it last (or this consumer, before a failure) may have left
+        changes pending. The decision is made here, not from the script's "just taken" reply,
+        which a lost reply or a retried call would hide.
+        """
+        holding = self.share_of(consumer)
+        before = holding.held
+        holding.held = []  # until this call succeeds: a failure makes every partition new again
+        count = self.partitions
+        share = count
+        if count > 1:
+            try:
+                self._live = max(int(await self.scripts.fanout_consumers(
+                    keys=[self.keys.fanout_consumers], args=[consumer, self.lease_ms])), 1)
+            except (RedisError, OSError):
+                # Its node is away (a Cluster failover): the partitions elsewhere go on, with
+                # the share last seen.
+                logger.debug("fan-out consumer registry unreachable", exc_info=True)
+            share = -(-count // self._live)
+        keep, surplus = before[:share], before[share:]
+        holding.turn += 1
+        start = (zlib.crc32(consumer.encode()) + holding.turn) % count
+        free = [p for p in ((start + i) % count for i in range(count)) if p not in before]
+        asked = keep + (free if len(keep) < share else [])
+        batch = Batch(self.client)
+        for partition in asked:
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self.lease_ms])
+        for partition in surplus:
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        # Per call: on Cluster a partition whose node is away is simply not held this time.
+        results = await batch.execute(raise_errors=False)
+        replies = {p: (0 if isinstance(r, Exception) else int(r)) for p, r in zip(asked, results, strict=False)}
+        got = [partition for partition in asked if replies[partition]]
+        if len(got) > share:  # took more free partitions than its share: give the extra back
+            got, extra = got[:share], got[share:]
+            batch = Batch(self.client)
+            for partition in extra:
+                batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+            await batch.execute()
+        held = sorted(got)
+        for partition in range(count):
+            if partition not in held:
+                holding.sweep.pop(partition, None)
+            elif partition not in before or replies[partition] == 2:
+                # New to it, or retaken after it lapsed unnoticed: sweep it all from the start.
+                holding.sweep[partition] = "0-0"
+        holding.held = held
+        return holding
+
+    def keep_while_working(self, consumer: str, share: ConsumerShare) -> None:
+        """Start the heartbeat that renews ``share``'s leases until the consumer's next read."""
+        share.heartbeat = asyncio.create_task(self._heartbeat(consumer, share), name="fanout-lease")
+
+    async def _heartbeat(self, consumer: str, holding: ConsumerShare) -> None:
+        """Keep the leases while the caller fans out what it read (a batch may outlast a lease).
+
+        For HEARTBEAT_LEASES leases at most: a consumer that has not come back to read by then
+        is taken to be stuck, and its partitions go to another.
+        """
+        for _ in range(HEARTBEAT_LEASES * 3):
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                held = list(holding.held)
+                batch = Batch(self.client)
+                for partition in held:  # renew only: a heartbeat never takes a partition
+                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)],
+                               [consumer, self.lease_ms, "renew"])
+                if self.partitions > 1:
+                    batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self.lease_ms])
+                results = await batch.execute()
+                # A partition lost meanwhile is new again to the next hold (which sweeps it).
+                holding.held = [p for p, result in zip(held, results, strict=False) if int(result)]
+            except Exception:  # the next read renews, or sweeps what was lost
+                raise_if_cancelled()
+                logger.debug("fan-out lease heartbeat failed", exc_info=True)
+
+    def acknowledged(self, ids: Sequence[str]) -> None:
+        """``ids`` were acknowledged: no consumer's next read hands them out again."""
+        for share in self._shares.values():
+            share.handed.difference_update(ids)
+
+    async def release(self, consumer: str) -> bool:
+        """Give up every partition ``consumer`` may hold, and its place in the registry; False if it held none here."""
+        holding = self._shares.pop(consumer, None)
+        if holding is None:
+            return False
+        holding.stop_heartbeat()
+        holding.held = []
+        # Every partition, not only those of the last successful hold: a read cut short (the
+        # consumer is being cancelled) forgets what it held, and the script checks the holder.
+        batch = Batch(self.client)
+        for partition in range(self.partitions):
+            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        if self.partitions > 1:
+            batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
+        await batch.execute()
+        return True
+
+    def close(self) -> None:
+        for share in self._shares.values():
+            share.stop_heartbeat()
+
+
+class RedisLeases:
+    """Named leases (``base.Leases``): one holder per name across the deployment."""
+
+    def __init__(self, client: Client, keys: Keys, scripts: Scripts) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+
+    async def hold(self, name: str, owner: str, ttl_ms: int) -> bool:
+        # A ttl of 0 would release the lease (see the script): a hold always holds for a while.
+        with unavailable("leases.hold"):
+            taken = await self.scripts.partition_lease(keys=[self.keys.named_lease(name)], args=[owner, max(ttl_ms, 1)])
+        return bool(int(taken))
+
+    async def release(self, name: str, owner: str) -> None:
+        with unavailable("leases.release"):
+            await self.scripts.partition_lease(keys=[self.keys.named_lease(name)], args=[owner, 0])

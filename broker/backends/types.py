@@ -1,0 +1,255 @@
+"""What the backend protocols exchange, and the rules both backends apply the same way. Pure: no I/O.
+
+The data types (``Frame``, ``SessionRecord``, ``InboxRead``, ``Wake``, ...) are what crosses the
+seam in ``broker.backends.base``. The rules are written once here and used by every backend:
+
+* ``inbox_gap``: when a cursor into an inbox cannot be honoured (the gap rule's trigger);
+* ``change_position`` and ``BroadcastFilter``: how a change's place in the log is compared, so
+  that a redone batch reaches no inbox and no listen twice;
+* ``Handlers``: the registry of local callbacks (stream wake-ups, broadcast handlers), where
+  one handler's failure costs only that handler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+
+from broker.changes import Change
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+
+__all__ = [
+    "CLOSE_ALL",
+    "BroadcastFilter",
+    "BroadcastHandler",
+    "BroadcastLostHandler",
+    "Frame",
+    "Handlers",
+    "InboxRead",
+    "SessionRecord",
+    "StreamClaim",
+    "StreamStart",
+    "Wake",
+    "WakeHandler",
+    "WakeKind",
+    "change_position",
+    "inbox_gap",
+    "record_quota_message",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The generation of a takeover that closes every stream of the session (it was deleted).
+CLOSE_ALL: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One message waiting in a session inbox.
+
+    ``key`` names what the frame is about (``u:<uri>`` for an update, ``l`` for list_changed);
+    a slow reader may keep only the newest frame of each key in a batch, because both are
+    level triggers. ``data`` is the encoded JSON-RPC notification. ``change`` is the id of the
+    change the frame announces (``''`` for frames no change is behind); only ``Inboxes.append``
+    reads it, it is not stored, and it takes no part in comparisons.
+    """
+
+    key: str
+    data: bytes
+    change: str = field(default="", compare=False)
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """The durable part of a legacy (handshake-era) session."""
+
+    id: str
+    tenant: str
+    principal: str
+    protocol_version: str
+    epoch: str
+    created_at: float
+    client_info: dict[str, Any] = field(default_factory=dict)
+    client_capabilities: dict[str, Any] = field(default_factory=dict)
+    initialized: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRead:
+    """What ``Inboxes.read`` found after a cursor.
+
+    ``head`` is the newest offset in the inbox (0 when it never held a frame); on a gap,
+    ``frames`` is empty and the caller resynchronises, then continues from ``head``.
+    ``gone``: the session no longer exists (ended, expired, or lost with the store's data;
+    ``epoch`` is then the store's current one, so a caller can tell loss from an ending).
+    """
+
+    epoch: str
+    frames: list[tuple[int, Frame]]
+    gap: bool
+    head: int
+    gone: bool = False
+
+
+WakeKind = Literal["frames", "takeover", "subscribe", "unsubscribe"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A wake-up for the stream watching a session.
+
+    ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (the stream that
+    claimed the session as ``generation`` now holds it; every stream of an older generation
+    must close), or ``subscribe`` / ``unsubscribe`` (``uri`` joined or left the session's
+    subscriptions).
+    """
+
+    kind: WakeKind
+    offset: int = 0
+    generation: int = 0
+    uri: str = ""
+    #: The frame at ``offset``, when the backend can carry it (saves the stream a read).
+    frame: Frame | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClaim:
+    """The outcome of ``Inboxes.claim_stream``."""
+
+    #: Whether the session had a stream before this claim.
+    had_stream: bool
+    #: This claim's generation; larger than every earlier claim's of the session.
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """The outcome of ``Inboxes.start_stream``."""
+
+    subscriptions: set[str]
+    claim: StreamClaim
+    read: InboxRead
+
+
+WakeHandler = Callable[[Wake], None]
+BroadcastHandler = Callable[[Change], None]
+#: Called when broadcasts may have been lost; the channel is live again by then.
+BroadcastLostHandler = Callable[[], None]
+
+
+def inbox_gap(cursor_epoch: str, epoch: str, after: int, head: int, oldest: int) -> bool:
+    """Whether a cursor ``after`` (of data generation ``cursor_epoch``) cannot be honoured.
+
+    ``epoch`` and ``head`` are the session's; ``oldest`` is the offset of the oldest frame still
+    retained (``head + 1`` when none is). A cursor of another generation, one beyond the newest
+    frame (data was lost), and one older than what is retained (frames were trimmed or aged
+    out) are gaps; the stream then applies the gap rule instead of replaying.
+    """
+    return cursor_epoch != epoch or after > head or after < oldest - 1
+
+
+def change_position(change_id: str) -> tuple[str, str] | None:
+    """A change id as (partition, position): positions of one partition compare as strings in log order.
+
+    Ids are ``[<partition>:]<ms>-<seq>`` (a Redis stream id; the memory backend has no
+    partition). The position is both numbers zero-padded to 20 digits, digits only, so a Lua
+    script compares it exactly, without numbers (doubles) and whatever the server's collation.
+    None for an id of another form: such a frame is appended unconditionally.
+    """
+    partition, _, entry = change_id.rpartition(":")
+    ms, _, seq = entry.partition("-")
+    if not (entry.isascii() and ms.isdigit() and seq.isdigit() and len(ms) <= 20 and len(seq) <= 20):
+        return None
+    return partition, ms.rjust(20, "0") + seq.rjust(20, "0")
+
+
+class BroadcastFilter:
+    """Which broadcast changes a process has not handed on yet: the newest position per partition.
+
+    Fan-out broadcasts a partition's changes in log order (one holder at a time), so a change
+    whose position is not beyond the newest one seen from its partition was handed on already
+    (a redone batch) or is older than one that was (a lapsed holder's late batch). Changes
+    with an id of another form always pass. A dict entry per partition: nothing per change.
+    """
+
+    __slots__ = ("_newest",)
+
+    def __init__(self) -> None:
+        self._newest: dict[str, str] = {}
+
+    def fresh(self, change_id: str) -> bool:
+        position = change_position(change_id)
+        if position is None:
+            return True
+        partition, at = position
+        if at <= self._newest.get(partition, ""):
+            return False
+        self._newest[partition] = at
+        return True
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Handlers(Generic[K, V]):
+    """Local callbacks registered under a key: a session's stream wake-ups, the broadcast's handlers.
+
+    ``call`` hands each value to each handler of the key, in registration order; a handler
+    that raises is logged and costs only itself that value, never the other handlers nor the
+    rest of the values.
+    """
+
+    __slots__ = ("_by_key", "_what")
+
+    def __init__(self, what: str) -> None:
+        self._by_key: dict[K, list[Callable[[V], None]]] = {}
+        self._what = what
+
+    def add(self, key: K, handler: Callable[[V], None]) -> bool:
+        """Register ``handler``; True when it is the first of its key."""
+        handlers = self._by_key.setdefault(key, [])
+        handlers.append(handler)
+        return len(handlers) == 1
+
+    def remove(self, key: K, handler: Callable[[V], None]) -> bool:
+        """Unregister ``handler`` (once); True when its key has no handler left. Unknown ones are ignored."""
+        handlers = self._by_key.get(key)
+        if handlers is None or handler not in handlers:
+            return False
+        handlers.remove(handler)
+        if handlers:
+            return False
+        del self._by_key[key]
+        return True
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._by_key
+
+    def __bool__(self) -> bool:
+        return bool(self._by_key)
+
+    def keys(self) -> Iterator[K]:
+        return iter(list(self._by_key))
+
+    def call(self, key: K, *values: V) -> None:
+        handlers = self._by_key.get(key)
+        if not handlers:
+            return
+        for handler in list(handlers):
+            for value in values:
+                try:
+                    handler(value)
+                except Exception:  # one handler's bug must not cost the others, or the rest of the values
+                    logger.exception("a %s handler failed", self._what)
+
+
+def record_quota_message(settings: Settings, *, count: bool) -> str:
+    """What a write refused by the tenant's record quota is told, from either backend."""
+    if count:
+        return f"the tenant's record quota is reached: at most {settings.max_records_per_tenant} records"
+    return f"the tenant's record quota is reached: at most {settings.max_record_bytes_per_tenant} bytes of records"

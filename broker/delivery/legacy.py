@@ -1,0 +1,324 @@
+"""The GET stream of a handshake-era session: a cursor into the session's inbox.
+
+The stream owns no buffer of its own: the session's inbox in the backend is the source of
+truth and the stream is a cursor into it. Wake-ups usually carry the frame, so the common case
+needs no read; whenever the carried frames are not contiguous with the cursor the stream reads
+the inbox instead. The handoff from replay to live is loss-free because the stream watches the
+session *before* it reads the inbox, and merges by offset (a frame at or below the cursor is
+never sent twice). Event ids are ``<epoch>-<offset>``; any worker can resolve them.
+
+A store that lost its data (Redis restarted empty, a failover to a replica that had not caught
+up) takes the sessions with it. The stream keeps what it needs to put its session back: the
+record, and a copy of the subscription set, loaded when the stream starts and kept current by
+the ``subscribe``/``unsubscribe`` wakes the backend sends with every change to the set. When a
+read finds the session gone under a *new* epoch, the stream restores it and applies the gap
+rule; gone under the *same* epoch, the session was ended and the stream ends
+(docs/ARCHITECTURE.md, "A store that lost its data").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
+from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake
+from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
+from broker.errors import BackendUnavailable
+from broker.notifications import resync_frames
+
+__all__ = ["LegacyServices", "LegacyStream", "coalesce", "format_event_id", "parse_event_id"]
+
+logger = logging.getLogger(__name__)
+
+_ERA = "legacy"
+
+
+def format_event_id(epoch: str, offset: int) -> str:
+    return f"{epoch}-{offset}"
+
+
+def parse_event_id(value: str) -> tuple[str, int] | None:
+    """``<epoch>-<offset>`` as issued by this broker; None for anything else."""
+    epoch, sep, offset = value.strip().rpartition("-")
+    # isascii(): str.isdigit() also accepts digits such as "²" that int() then refuses.
+    if not sep or not epoch or not epoch.isascii() or not epoch.isalnum() or len(epoch) > 32:
+        return None
+    if not offset.isascii() or not offset.isdigit() or len(offset) > 19:
+        return None
+    return epoch, int(offset)
+
+
+def coalesce(frames: list[tuple[int, Frame]]) -> list[tuple[int, Frame]]:
+    """Keep only the newest frame of each key, in offset order.
+
+    Safe because every frame is a level trigger; the newest frame's id still covers the skipped ones.
+    """
+    if len(frames) < 2:
+        return frames
+    newest: dict[str, int] = {frame.key: off for off, frame in frames}
+    return [(off, frame) for off, frame in frames if newest[frame.key] == off]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyServices:
+    """What every legacy stream of the process uses: one object, shared, so a stream holds one reference."""
+
+    inboxes: Inboxes
+    sessions: SessionStore
+    subscriptions: SubscriptionIndex
+    streams: Streams
+    metrics: StreamMetrics
+    #: Frames per inbox read.
+    inbox_batch: int
+    #: Frames carried by wake-ups a stream keeps before it reads its inbox instead.
+    stream_buffer: int
+
+
+class LegacyStream(Stream):
+    """The one live GET stream of a legacy session."""
+
+    __slots__ = ("_dirty", "_expect", "_from_head", "_live", "_priming", "_resync_first", "_sub_log", "_superseded",
+                 "cursor", "generation", "services", "session", "subscriptions", "writer")
+
+    def __init__(self, services: LegacyServices, session: SessionRecord, cursor: int | None, *,
+                 resync: bool = False, priming: bool = False) -> None:
+        """``cursor`` None: from the start of the inbox for a session's first stream, else from its head.
+
+        ``resync``: the client's cursor is of another data generation; the stream starts with the gap rule.
+        """
+        super().__init__()
+        self.services = services
+        self.session = session
+        self.writer: Writer | None = None
+        self.cursor = cursor or 0
+        self._from_head = cursor is None
+        self._priming = priming
+        #: This stream's claim generation, once the claim returned; the newest takeover seen before.
+        self.generation: int | None = None
+        self._superseded = 0
+        self._resync_first = resync
+        self._live: list[tuple[int, Frame]] = []
+        self._expect: int | None = None
+        self._dirty = True
+        #: The session's subscriptions, for restoring it; None until loaded. Changes that arrive
+        #: while the load is in flight are logged and applied on top of it, in order.
+        self.subscriptions: set[str] | None = None
+        self._sub_log: list[tuple[bool, str]] = []
+
+    def _on_wake(self, wake: Wake) -> None:
+        if wake.kind == "takeover":
+            # A wake may arrive before our own claim returns: remember it, judge it then.
+            if self.generation is None:
+                self._superseded = max(self._superseded, wake.generation)
+            elif wake.generation > self.generation:
+                self.end(EndReason.TAKEOVER)
+            return
+        if wake.kind in ("subscribe", "unsubscribe"):
+            self._sub_log.append((wake.kind == "subscribe", wake.uri))
+            if self.subscriptions is not None:
+                self._apply_sub_log(self.subscriptions)
+            return
+        if (
+            wake.frame is not None
+            and not self._dirty
+            and wake.offset == self._expect
+            and len(self._live) < self.services.stream_buffer
+        ):
+            self._live.append((wake.offset, wake.frame))
+            self._expect = wake.offset + 1
+        else:
+            self._dirty = True
+        self.active = True
+        self._wake()
+
+    def disconnect(self) -> None:
+        """The client went away."""
+        self.end(EndReason.DISCONNECT)
+
+    async def run(self, writer: Writer) -> EndReason:
+        """Serve the stream on ``writer`` until it ends; returns why it ended."""
+        services = self.services
+        self.writer = writer
+        unwatch: Callable[[], Awaitable[None]] | None = None
+        services.streams.legacy[self] = self.session.id
+        services.metrics.open.inc(era=_ERA)
+        if services.streams.closing:  # shutdown began while this stream was being set up
+            self.end(EndReason.SHUTDOWN)
+        try:
+            unwatch = await services.inboxes.watch(self.session.id, self._on_wake)
+            await self._start(writer)
+            while self.ended is None:
+                if self._dirty:
+                    await self._drain(writer)
+                elif self._live:
+                    live, self._live = self._live, []
+                    await self._send(writer, [(off, f) for off, f in live if off > self.cursor])
+                elif self.ping:
+                    self.ping = False
+                    await writer.comment()
+                else:
+                    await self._sleep()
+        except BackendUnavailable:
+            self.end(EndReason.UNAVAILABLE)
+        finally:
+            services.streams.legacy.pop(self, None)
+            services.metrics.open.dec(era=_ERA)
+            if unwatch is not None:
+                try:
+                    await unwatch()
+                except BackendUnavailable:
+                    pass
+        reason = self.ended or EndReason.DISCONNECT
+        services.metrics.ended.inc(era=_ERA, reason=reason.value)
+        if reason is EndReason.TAKEOVER:
+            services.metrics.takeovers.inc()
+        if reason.reconnect:
+            await writer.retry()
+        return reason
+
+    async def _start(self, writer: Writer) -> None:
+        """Load the subscriptions, claim the session and send what is due, from one backend step."""
+        # Wakes from here on may or may not be in the start's read: they mark the stream dirty.
+        self._dirty = False
+        start = await self.services.inboxes.start_stream(self.session.id, self.session.epoch, self.cursor,
+                                                         self.services.inbox_batch)
+        self._apply_sub_log(start.subscriptions)
+        self.subscriptions = start.subscriptions
+        self.generation = start.claim.generation
+        if self._superseded > start.claim.generation:
+            self.end(EndReason.TAKEOVER)
+            return
+        if start.claim.generation == CLOSE_ALL:
+            # The session was gone when the claim ran (deleted, or lost with the store's data):
+            # the client starts again from a 404 rather than this stream restoring it unclaimed.
+            gone = start.read.gone and start.read.epoch == self.session.epoch
+            self.end(EndReason.GONE if gone else EndReason.LOST)
+            return
+        first: InboxRead | None = start.read
+        # A resync stands for everything up to the head: what is older is not replayed as well.
+        if self._resync_first or (self._from_head and start.claim.had_stream):
+            self.cursor = start.read.head
+            first, self._dirty = None, True
+        if self._priming:
+            await writer.prime(format_event_id(self.session.epoch, self.cursor))
+        if self._resync_first:
+            await self._resync(writer)
+        if first is not None:
+            await self._drain(writer, first)
+
+    def _apply_sub_log(self, subscriptions: set[str]) -> None:
+        # Every change since the watch began, in order, on top of a load taken somewhere in
+        # between: each URI ends in the state of its last change (or the load's, if none).
+        for added, uri in self._sub_log:
+            if added:
+                subscriptions.add(uri)
+            else:
+                subscriptions.discard(uri)
+        self._sub_log.clear()
+
+    async def _restore(self) -> bool:
+        """Put back a session the store lost; False when that is impossible (the stream ends)."""
+        sessions = self.services.sessions
+        record = replace(self.session)
+        if not await sessions.restore(record, set(self.subscriptions or ())):
+            found = await sessions.get(record.id)  # restored meanwhile (or never lost)
+            if found is None or found.principal != record.principal:
+                return False
+            record = found
+        logger.warning("session %s was lost with the backend's data; restored it with %d subscriptions",
+                       record.id, len(self.subscriptions or ()))
+        self.services.metrics.restored.inc()
+        self.session = record
+        # Claim it again: the restored record holds no generation, and the next claim must come
+        # from the same store as the one a later stream will make. Takeovers that arrive
+        # meanwhile are judged against the new claim, as at the start.
+        self.generation, self._superseded = None, 0
+        claim = await self.services.inboxes.claim_stream(record.id)
+        self.generation = claim.generation
+        if self._superseded > claim.generation:
+            self.end(EndReason.TAKEOVER)
+        return True
+
+    async def _drain(self, writer: Writer, first: InboxRead | None = None) -> None:
+        """Send what the inbox holds after the cursor; ``first`` is a read already made from it
+        (the stream's start), with ``_dirty`` cleared before it was made."""
+        inboxes = self.services.inboxes
+        batch = self.services.inbox_batch
+        if first is None:
+            self._dirty = False
+            self._live = []
+            # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
+            self._expect = None
+        restored = False
+        while self.ended is None:
+            if first is None:
+                read = await inboxes.read(self.session.id, self.session.epoch, self.cursor, batch)
+            else:
+                read, first = first, None
+            if read.gone:
+                if read.epoch == self.session.epoch:
+                    self.end(EndReason.GONE)  # ended (DELETE, expiry), not lost: nothing to restore
+                elif restored or not await self._restore():
+                    self.end(EndReason.LOST)  # lost again at once, or cannot be put back: retry, do not spin
+                else:
+                    restored = True
+                    # The gap rule from the restored (empty) inbox: whatever fan-out appends to it
+                    # from now on follows the resync.
+                    self.cursor = 0
+                    await self._resync(writer)
+                continue
+            if read.gap:
+                self.session.epoch = read.epoch
+                self.cursor = read.head
+                await self._resync(writer)
+                continue
+            self.services.metrics.replayed.inc(len(read.frames))
+            await self._send(writer, read.frames)
+            if len(read.frames) < batch:
+                break
+        self._expect = self.cursor + 1
+
+    async def _resync(self, writer: Writer) -> None:
+        """The gap rule: tell the client to re-read everything it watches; the cursor is at the head.
+
+        The subscriptions are read from the store, not taken from the stream's copy: a
+        subscription made while wake-ups were being lost (a pub/sub reconnect, which is also
+        when gaps happen) is in the store but not in the copy. The copy is refreshed with it.
+
+        The frames go straight to the stream, not through the inbox: a session with more
+        subscriptions than ``inbox_maxlen`` would otherwise trim its own resync and gap again,
+        forever. Only the last frame carries an id (the head): a client cut off halfway resumes
+        from its old cursor and is resynchronised once more, which is safe for level triggers.
+        """
+        self._resync_first = False
+        copy, self.subscriptions = self.subscriptions, None  # wakes meanwhile are logged, as at the start
+        try:
+            subscriptions = await self.services.subscriptions.of_session(self.session.id)
+        except BaseException:
+            if copy is not None:
+                self._apply_sub_log(copy)
+            self.subscriptions = copy
+            raise
+        self._apply_sub_log(subscriptions)
+        self.subscriptions = subscriptions
+        frames = resync_frames(subscriptions)
+        head_id = format_event_id(self.session.epoch, self.cursor)
+        if self.ended is None:
+            self.services.metrics.resyncs.inc(era=_ERA)
+            await writer.send_many([(f.data, head_id if i == len(frames) - 1 else None) for i, f in enumerate(frames)])
+
+    async def _send(self, writer: Writer, frames: list[tuple[int, Frame]]) -> None:
+        if self.ended is not None:
+            return
+        epoch = self.session.epoch
+        batch = coalesce(frames)
+        if len(batch) == 1:
+            await writer.send(batch[0][1].data, format_event_id(epoch, batch[0][0]))
+        elif batch:
+            await writer.send_many([(frame.data, format_event_id(epoch, off)) for off, frame in batch])
+        if batch:
+            self.services.metrics.sent.inc(len(batch), era=_ERA)
+        if frames:
+            self.cursor = max(self.cursor, frames[-1][0])

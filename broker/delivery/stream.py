@@ -1,0 +1,153 @@
+"""What every stream shares: where its messages go, how it sleeps and wakes, and why it ended.
+
+A stream is one long-lived answer to a client: a legacy session's GET stream
+(``delivery.legacy``) or a 2026-07-28 listen (``delivery.listen``). Each runs in the task of the
+request that opened it, writes through a ``Writer`` (an SSE response or the stdio channel)
+and ends for one ``EndReason``; the reason says what the client is told at the end.
+
+Who ends whom: a stream ends when its writer reports a disconnect, when the worker shuts down,
+when the backend has been unreachable for ``outage_grace`` seconds (``delivery.hub``), or
+(legacy) when another stream of the same session takes over. Ending only sets the reason and
+wakes the stream's own task, which then returns; nothing is cancelled from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+from typing import Final, Protocol
+
+from broker.metrics import Metrics
+
+__all__ = ["EndReason", "Stream", "StreamMetrics", "Streams", "Writer"]
+
+
+class Writer(Protocol):
+    """Where a stream's messages go: an SSE response or the stdio channel."""
+
+    async def send(self, message: bytes, event_id: str | None = None) -> None: ...
+
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        """Like ``send`` for each item, in order, in as few writes as the transport allows."""
+
+    async def comment(self) -> None: ...
+
+    async def retry(self) -> None:
+        """Tell the client when to reconnect (SSE ``retry:``); a no-op where that means nothing."""
+
+    async def prime(self, event_id: str) -> None:
+        """Give the client a cursor before any message (SSE priming event); a no-op where that means nothing."""
+
+
+class EndReason(StrEnum):
+    """Why a stream ended, and with it what its client is told."""
+
+    #: The client went away (or closed the stream).
+    DISCONNECT = "disconnect"
+    #: A listen cancelled by its client (stdio ``notifications/cancelled``).
+    CANCELLED = "cancelled"
+    #: This worker is stopping.
+    SHUTDOWN = "shutdown"
+    #: The backend has not answered for ``outage_grace`` seconds.
+    UNAVAILABLE = "unavailable"
+    #: The session was lost with the store's data and could not be put back.
+    LOST = "lost"
+    #: The session was ended (DELETE, expiry): there is nothing to come back to.
+    GONE = "gone"
+    #: A newer stream of the same session took over.
+    TAKEOVER = "takeover"
+
+    @property
+    def reconnect(self) -> bool:
+        """The client should come back (on another worker, or here later): a legacy stream sends ``retry:``."""
+        return self in _RECONNECT
+
+    @property
+    def completes(self) -> bool:
+        """A listen ends with its ``complete`` result (2026-07-28's graceful end) rather than a cut."""
+        return self is EndReason.SHUTDOWN
+
+    @property
+    def resumable(self) -> bool:
+        """This worker may resume the stream itself from its cursor (stdio has no client-side reconnect)."""
+        return self in _RESUMABLE
+
+
+_RECONNECT: Final = frozenset({EndReason.SHUTDOWN, EndReason.UNAVAILABLE, EndReason.LOST})
+_RESUMABLE: Final = frozenset({EndReason.UNAVAILABLE, EndReason.LOST})
+
+
+class StreamMetrics:
+    """The instruments streams report to, made once per process."""
+
+    __slots__ = ("ended", "open", "replayed", "resyncs", "restored", "sent", "takeovers")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.open = metrics.gauge("mcp_broker_streams_open")
+        self.ended = metrics.counter("mcp_broker_streams_ended_total")
+        self.sent = metrics.counter("mcp_broker_notifications_sent_total")
+        self.replayed = metrics.counter("mcp_broker_frames_replayed_total")
+        self.resyncs = metrics.counter("mcp_broker_gap_resyncs_total")
+        self.takeovers = metrics.counter("mcp_broker_stream_takeovers_total")
+        self.restored = metrics.counter("mcp_broker_sessions_restored_total")
+
+
+class Stream:
+    """How a stream's task sleeps and wakes, and its end reason.
+
+    The task sleeps on a bare future that exists only while it sleeps. An ``asyncio.Event``
+    cost about 1 KB more per idle stream: its waiter deque preallocates a block, and
+    ``Event.wait`` adds a coroutine frame. Every reason to wake is also kept in the stream's
+    state (``ended``, ``ping``, a subclass's pending frames), which the task looks at before
+    it sleeps again, so a wake that comes while the task is busy is never lost.
+    """
+
+    __slots__ = ("_waiter", "active", "ended", "ping")
+
+    def __init__(self) -> None:
+        self.ended: EndReason | None = None
+        self.ping = False
+        #: Woke up for something other than a keep-alive since the Hub last looked.
+        self.active = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def end(self, reason: EndReason) -> None:
+        if self.ended is None:
+            self.ended = reason
+        self._wake()
+
+    def keepalive(self) -> None:
+        self.ping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _sleep(self) -> asyncio.Future[None]:
+        """What the task awaits once it has found nothing to do; the next wake resolves it."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+
+class Streams:
+    """The streams this process holds now, for the Hub's timers, health check and shutdown.
+
+    ``legacy`` maps each open GET stream to its session id (the Hub keeps those sessions'
+    idle clocks running); ``listens`` holds the open listens (``ListenIndex`` adds and removes
+    them). ``closing`` is set once the worker stops: a stream asked for from then on ends at once.
+    """
+
+    __slots__ = ("closing", "legacy", "listens")
+
+    def __init__(self) -> None:
+        self.legacy: dict[Stream, str] = {}
+        self.listens: dict[Stream, None] = {}
+        self.closing = False
+
+    def all(self) -> list[Stream]:
+        return [*self.legacy, *self.listens]
+
+    def __len__(self) -> int:
+        return len(self.legacy) + len(self.listens)

@@ -1,0 +1,172 @@
+"""The MCP conversation, once, for every transport: what each message means and what it gets back.
+
+HTTP (``transport/http.py``) and stdio (``transport/stdio.py``) frame messages, pick the era
+(``protocol.envelope.http_era`` / ``stdio_era``) and turn what this module returns into
+statuses, headers or lines; everything in between is here: ``initialize``, the legacy
+notifications, requests and batches, the 2026-07-28 envelope and method calls, opening a
+listen, and the error a backend outage gets. An ``RpcError`` raised from here carries the HTTP
+status (and ``Retry-After``) that the HTTP transport answers with when the error is the whole
+reply; stdio writes the error and ignores them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.auth import Principal
+from broker.backends.types import SessionRecord
+from broker.batches import answer_batch, check_batch, encode_batch
+from broker.delivery.legacy import LegacyServices, LegacyStream
+from broker.delivery.listen import Listen, ListenIndex
+from broker.errors import LimitExceeded
+from broker.methods import Call, Methods
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.envelope import check_meta
+from broker.protocol.jsonrpc import Message
+from broker.protocol.versions import BATCH_VERSIONS
+from broker.sessions import Sessions
+
+__all__ = ["Dispatcher", "unavailable"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a client is asked to wait before it tries ``initialize`` again when sessions are full.
+SESSIONS_FULL_RETRY = 5
+
+
+def unavailable() -> rpc.RpcError:
+    """The error of a request the backend could not serve (HTTP 503, ``Retry-After: 1``)."""
+    return rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached; retry",
+                        status=503, retry_after=1)
+
+
+class Dispatcher:
+    """Serves MCP messages of both eras to whichever transport received them."""
+
+    def __init__(self, methods: Methods, sessions: Sessions, listens: ListenIndex, streams: LegacyServices, *,
+                 max_batch_items: int, max_response_bytes: int) -> None:
+        self.methods = methods
+        self.sessions = sessions
+        self.listens = listens
+        self.streams = streams
+        self.max_batch_items = max_batch_items
+        self.max_response_bytes = max_response_bytes
+
+    @property
+    def closing(self) -> bool:
+        """The worker is stopping: a stream asked for now ends at once (``retry:`` / ``complete``)."""
+        return self.streams.streams.closing
+
+    # -- 2025 (sessions) --------------------------------------------------------------------
+    async def initialize(self, principal: Principal, msg: Message) -> tuple[bytes, SessionRecord]:
+        """Start a session; the reply and the new session.
+
+        Raises:
+            RpcError: -32600 (400) when it is not a request; -32602 for bad params; -32603 (503,
+                ``Retry-After``) when ``max_sessions`` sessions are live.
+        """
+        if not msg.is_request:
+            raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request", status=400)
+        version, client_info, caps = self.methods.initialize(msg.params)
+        try:
+            record = await self.sessions.create(principal, version, client_info, caps)
+        except LimitExceeded as exc:
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503,
+                               retry_after=SESSIONS_FULL_RETRY) from exc
+        return rpc.encode_result(msg.id, self.methods.initialize_result(version)), record
+
+    async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:
+        """The principal's live session. Raises ``SessionNotFound`` (MCP: 404, initialize again)."""
+        return await self.sessions.load(session_id, principal)
+
+    async def legacy(self, call: Call, msg: Message) -> bytes | None:
+        """A legacy request's reply, or None for a notification (which has none)."""
+        if msg.is_request:
+            return await self.request(call, msg)
+        await self.notify(call, msg)
+        return None
+
+    async def notify(self, call: Call, msg: Message) -> None:
+        """A legacy notification: ``notifications/initialized`` is recorded, the rest accepted and dropped.
+
+        ``notifications/cancelled`` cancels nothing: every legacy request is answered before the
+        message that carried it returns. Responses need no answer (the broker sends no requests).
+        """
+        if msg.method == "notifications/initialized" and call.session is not None:
+            await self.sessions.initialized(call.session.id)
+
+    async def request(self, call: Call, msg: Message) -> bytes:
+        """One request's reply: its result, or the error a method raised."""
+        assert msg.method is not None and msg.id is not None  # a request has both (parse_message)
+        try:
+            return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
+        except rpc.RpcError as exc:
+            return rpc.encode_error(msg.id, exc)
+
+    async def batch(self, call: Call, items: list[Any],
+                    member: Callable[[Message], Awaitable[bytes | None]] | None = None) -> bytes | None:
+        """A 2025-03-26 batch's answer (None when it held only notifications).
+
+        Each member is answered by ``member`` (``legacy`` by default); stdio passes its own,
+        which answers an outage in the member's reply, having no status to say it with.
+
+        Raises:
+            RpcError: -32600 (400) for a session of a version without batches, an empty batch or
+                one longer than ``max_batch_items``.
+        """
+        version = call.session.protocol_version if call.session is not None else None
+        if version not in BATCH_VERSIONS:
+            raise rpc.RpcError(rpc.INVALID_REQUEST,
+                               f"Invalid Request: batches are only part of {', '.join(sorted(BATCH_VERSIONS))}",
+                               status=400)
+        check_batch(items, self.max_batch_items)
+        answer = member or (lambda msg: self.legacy(call, msg))
+        replies = await answer_batch(items, answer, self.max_response_bytes)
+        return encode_batch(replies) if replies else None
+
+    def legacy_stream(self, session: SessionRecord, cursor: int | None, *, resync: bool = False,
+                      priming: bool = False) -> LegacyStream:
+        """The session's stream from ``cursor`` (see ``LegacyStream``); ``run`` it on the transport's writer."""
+        return LegacyStream(self.streams, session, cursor, resync=resync, priming=priming)
+
+    async def end_session(self, session: SessionRecord) -> None:
+        await self.sessions.end(session.id)
+
+    # -- 2026-07-28 (stateless) -----------------------------------------------------------------
+    async def modern(self, principal: Principal, msg: Message,
+                     header: Callable[[str], str | None] | None = None) -> bytes | Listen:
+        """A modern request's reply, or the listen it opened (the transport runs it and then ``close_listen``).
+
+        ``header`` looks up the request's HTTP headers (SEP-2243); stdio has none.
+
+        Raises:
+            RpcError: the request's error, the whole reply: on 2026-07-28 its HTTP status says what
+                kind of error it is (docs/PROTOCOL.md).
+        """
+        assert msg.method is not None and msg.id is not None
+        check_meta(msg, header)
+        call = Call(principal, True)
+        if msg.method == "subscriptions/listen":
+            return self.listen(call, msg)
+        return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
+
+    def listen(self, call: Call, msg: Message) -> Listen:
+        """Open a listen: its filter checked, registered at once (capacity included) so nothing
+        published from now on is missed; refusals come back before any stream starts.
+
+        Raises:
+            RpcError: -32602 (400) for a bad filter; -32603 when this worker has ``max_listens`` open.
+        """
+        assert msg.id is not None
+        uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
+        try:
+            return self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
+        except LimitExceeded as exc:
+            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
+                               {"limit": self.listens.max_listens}) from exc
+
+    def close_listen(self, listen: Listen) -> None:
+        """Release a listen however it ended, even if it never ran."""
+        self.listens.close(listen)

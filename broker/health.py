@@ -1,0 +1,32 @@
+"""Health: whether this worker can serve, and what it holds, for probes and ``/healthz``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.delivery.stream import Streams
+from broker.errors import BackendUnavailable
+
+__all__ = ["Health"]
+
+
+class Health:
+    """``check`` pings the backend; the report names this worker's open streams, never tenants' numbers."""
+
+    def __init__(self, ping: Callable[[], Awaitable[None]], streams: Streams) -> None:
+        self.ping = ping
+        self.streams = streams
+
+    @property
+    def draining(self) -> bool:
+        """The worker is stopping: its streams have ended, new ones end at once."""
+        return self.streams.closing
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        """(whether the backend answers, the report)."""
+        try:
+            await self.ping()
+        except BackendUnavailable:
+            return False, {"status": "unavailable"}
+        return True, {"status": "ok", "streams": len(self.streams.legacy), "listens": len(self.streams.listens)}

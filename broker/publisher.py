@@ -1,0 +1,125 @@
+"""The one way in for changes: every publisher's change is checked, appended and counted here.
+
+``POST /changes``, ``mcp-broker publish``, ``Broker.publish``, change sources and record writes
+all go through one ``Publisher``: a change is acknowledged only once it passed ``ChangeRules``
+(``broker.changes``) and is in the change log, and every acknowledgement and refusal is counted
+in the same place. Record writes store the record with its change in one backend step
+(``Publisher.store``): the publisher checks the change and counts the outcome around it.
+
+Changes are per tenant. A provider that serves every tenant (static documents, a shared file
+root) publishes one change per tenant it serves, under that tenant: the subscription index,
+the change-log bounds and the quotas are all per tenant, and a change "for everyone" would let
+one publisher spend every tenant's budget (docs/ARCHITECTURE.md, "Change sources").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from broker.backends.base import ChangeLog
+from broker.changes import Change, ChangeKind, ChangeRules, InvalidChange
+from broker.errors import LogFull, PublishRefused, QuotaExceeded
+from broker.metrics import NO_METRICS, Metrics
+from broker.tenants import tenant_problem
+
+__all__ = ["Publisher", "TooManyChanges"]
+
+T = TypeVar("T")
+
+
+class TooManyChanges(InvalidChange):
+    """More changes in one request than a tenant may ever have waiting (``changelog_tenant_max``)."""
+
+
+class Publisher:
+    """Checks, appends and counts changes. ``source`` names who published, for the counters."""
+
+    def __init__(self, changelog: ChangeLog, rules: ChangeRules, *, default_tenant: str, max_waiting: int,
+                 metrics: Metrics = NO_METRICS) -> None:
+        self.changelog = changelog
+        self.rules = rules
+        self.default_tenant = default_tenant
+        self.max_waiting = max_waiting
+        self._published = metrics.counter("mcp_broker_changes_published_total")
+        self._refused = metrics.counter("mcp_broker_changes_refused_total")
+
+    def change(self, tenant: str, uri: Any, kind: Any = ChangeKind.UPDATED, meta: Any = None) -> Change:
+        """A change of ``tenant`` that fan-out can deliver. Raises ``InvalidChange`` (``ForeignNamespace``)."""
+        if (problem := tenant_problem(tenant)) is not None:
+            raise InvalidChange(problem)
+        return self.rules.change(tenant, uri, kind, meta)
+
+    async def publish(self, uri: str, kind: ChangeKind | str = ChangeKind.UPDATED, *, tenant: str | None = None,
+                      meta: dict[str, Any] | None = None, source: str = "api") -> str:
+        """Append one change (of the default tenant unless ``tenant`` is given); returns its id.
+
+        Raises:
+            InvalidChange: the change breaks ``ChangeRules`` (a URI or ``meta`` that could not be
+                delivered, a record URI of another tenant, a tenant name that is not one).
+            QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out.
+            LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet fanned out.
+            BackendUnavailable: the change could not be stored (it was not accepted).
+        """
+        change = self.change(self.default_tenant if tenant is None else tenant, uri, kind, meta)
+        return (await self._append([change], source))[0]
+
+    async def publish_items(self, tenant: str, items: Any, source: str = "api") -> list[str]:
+        """Append changes given as JSON (one object, or a list of them); their ids, in order.
+
+        Each item is ``{"uri": ..., "kind": ..., "meta": ...}``. One bad item refuses them all,
+        before anything is appended; the message says which (``change <i>: ...``).
+
+        Raises:
+            TooManyChanges: the list is longer than ``changelog_tenant_max``.
+            InvalidChange: an item is not a deliverable change (``ForeignNamespace``: of another tenant).
+            QuotaExceeded, LogFull, BackendUnavailable: as ``publish``.
+        """
+        if not isinstance(items, list):
+            return await self._append([self._item(tenant, items, "")], source)
+        if not items:
+            raise InvalidChange("no changes given")
+        if len(items) > self.max_waiting:
+            # Refused before each change is checked: more than the tenant may ever have waiting.
+            raise TooManyChanges(f"{len(items)} changes in one request; at most {self.max_waiting} "
+                                 "(MCP_BROKER_CHANGELOG_TENANT_MAX) may wait for fan-out at once")
+        changes = [self._item(tenant, item, f"change {i}: ") for i, item in enumerate(items)]
+        return await self._append(changes, source)
+
+    async def store(self, change: Change, write: Callable[[Change], Awaitable[T]], source: str = "records") -> T:
+        """Run ``write``, a backend step that stores something together with ``change`` (a record write).
+
+        Raises whatever ``write`` raises; a refusal by the change log is counted as one.
+        """
+        try:
+            result = await write(change)
+        except PublishRefused as exc:
+            self._refused.inc(reason=_reason(exc))
+            raise
+        self._published.inc(source=source)
+        return result
+
+    def _item(self, tenant: str, item: Any, where: str) -> Change:
+        if not isinstance(item, dict):
+            raise InvalidChange(where + "each change must be an object")
+        try:
+            return self.change(tenant, item.get("uri"), item.get("kind", "updated"), item.get("meta"))
+        except InvalidChange as exc:
+            raise type(exc)(where + str(exc)) from exc
+
+    async def _append(self, changes: list[Change], source: str) -> list[str]:
+        try:
+            ids = await self.changelog.publish_many(changes)
+        except PublishRefused as exc:
+            self._refused.inc(reason=_reason(exc))
+            raise
+        self._published.inc(len(ids), source=source)
+        return ids
+
+
+def _reason(exc: PublishRefused) -> str:
+    if isinstance(exc, QuotaExceeded):
+        return "tenant_quota"
+    if isinstance(exc, LogFull):
+        return "log_full"
+    return "refused"

@@ -1,0 +1,162 @@
+"""The Broker: one object per process that builds the backend, the services and the seams, and runs them.
+
+This is the only module that knows every part: it makes the backend (``broker.backends``),
+hands each service the stores it uses, and gives the transports the services they serve
+(``dispatcher``, ``publisher``, ``records``, ``health``, ``authenticator``). Nothing it builds
+reaches back into it. The three seams are set here:
+
+* ``authenticator``: who a request is (``broker.auth``); static API keys by default;
+* ``add_source``: code that publishes changes of data elsewhere (``broker.sources``);
+* ``metrics``: where counters, gauges and histograms go (``broker.metrics``); none by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+from broker import __version__
+from broker.auth import Authenticator, authenticator_for
+from broker.backends import Backend, create_backend
+from broker.changes import ChangeKind, ChangeRules
+from broker.config import Settings
+from broker.delivery import Hub, LegacyServices, ListenIndex, StreamMetrics, Streams
+from broker.dispatch import Dispatcher
+from broker.errors import BackendUnavailable, raise_if_cancelled
+from broker.fanout import Fanout
+from broker.health import Health
+from broker.methods import Methods
+from broker.metrics import NO_METRICS, Metrics
+from broker.protocol.messages import SERVER_INFO_KEY
+from broker.publisher import Publisher
+from broker.resources.base import ResourceProvider, Resources
+from broker.resources.records import Records, RecordsProvider
+from broker.sessions import Sessions
+from broker.sources import ChangeSource, SourceRunner
+from broker.tasks import stop_tasks
+
+__all__ = ["RUNNING", "Broker"]
+
+logger = logging.getLogger(__name__)
+
+#: Brokers started in this process, so the server can end their streams on SIGTERM.
+RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+
+class Broker:
+    """Everything a worker process runs, minus the transports.
+
+    ``start`` brings up the backend, the delivery hub, (by default) an embedded fan-out
+    consumer and the change sources; ``stop`` ends every stream gracefully and releases the
+    backend.
+    """
+
+    def __init__(self, settings: Settings | None = None, backend: Backend | None = None, *,
+                 metrics: Metrics = NO_METRICS, authenticator: Authenticator | None = None) -> None:
+        self.settings = settings = settings or Settings()
+        #: For wiring and tests only: the services below are what the rest of the broker uses.
+        self.backend = backend = backend or create_backend(settings, metrics)
+        self.metrics = metrics
+        self.authenticator = authenticator or authenticator_for(settings)
+        self.server_info = {"name": settings.server_name, "version": __version__}
+        self.publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
+                                   default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max,
+                                   metrics=metrics)
+        self.resources = Resources([RecordsProvider(backend.records)])
+        self.records = Records(backend.records, settings, self.publisher)
+        self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions)
+        self.streams = Streams()
+        stream_metrics = StreamMetrics(metrics)
+        self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
+                                   stream_metrics)
+        self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
+                        ping=backend.ping, metrics=metrics)
+        self.methods = Methods(settings, self.resources, backend.subscriptions, self.server_info)
+        legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
+                                stream_metrics, inbox_batch=settings.inbox_batch, stream_buffer=settings.stream_buffer)
+        self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
+                                     max_batch_items=settings.max_batch_items,
+                                     max_response_bytes=settings.max_response_bytes)
+        self.health = Health(backend.ping, self.streams)
+        self.fanout: Fanout | None = None
+        self._sources: list[ChangeSource] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started = False
+        if settings.demo:
+            from broker.demo import DemoSource, demo_provider  # the demo imports the record service
+
+            self.register(demo_provider())
+            self.add_source(DemoSource(self.records, settings.default_tenant, settings.demo_interval))
+
+    def register(self, provider: ResourceProvider) -> None:
+        """Add a custom resource provider; it answers before the built-in record collections."""
+        self.resources.register(provider)
+
+    def add_source(self, source: ChangeSource) -> None:
+        """Run ``source`` from ``start`` to ``stop`` (on one worker at a time when it is exclusive)."""
+        self._sources.append(source)
+        if self.started:
+            self._start_source(source)
+
+    async def publish(self, uri: str, kind: ChangeKind = ChangeKind.UPDATED, *, tenant: str | None = None,
+                      meta: dict[str, Any] | None = None) -> str:
+        """Append a change to the change log (of the default tenant unless ``tenant`` is given); returns its id.
+
+        Raises:
+            InvalidChange: the change breaks ``ChangeRules`` (a URI or ``meta`` that could not be
+                delivered, a record URI of another tenant, a tenant name that is not one).
+            QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out
+                (the change was refused; publish again later).
+            LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet
+                fanned out (refused; publish again later).
+            BackendUnavailable: the change could not be stored (it was not accepted).
+        """
+        return await self.publisher.publish(uri, kind, tenant=tenant, meta=meta, source="python")
+
+    async def start(self) -> None:
+        """Raises ``BackendUnavailable`` when the backend cannot be reached."""
+        await self.backend.start()
+        await self._hub.start()
+        if self.settings.embedded_fanout:
+            self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics)
+            self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
+        self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
+        self.started = True
+        for source in self._sources:
+            self._start_source(source)
+        RUNNING.add(self)
+
+    def _start_source(self, source: ChangeSource) -> None:
+        runner = SourceRunner(source, self.publisher, self.backend.leases, self.settings.source_lease_ms,
+                              metrics=self.metrics)
+        self._tasks.append(asyncio.create_task(runner.run(), name=f"source-runner-{source.name}"))
+
+    async def end_streams(self) -> None:
+        """End every stream of this process (``retry:`` / ``complete``); new ones end at once from now on."""
+        await self._hub.shutdown()
+
+    async def stop(self) -> None:
+        RUNNING.discard(self)
+        await self._hub.shutdown()
+        await stop_tasks(self._tasks)
+        self._tasks.clear()
+        await self.backend.close()
+        self.started = False
+
+    async def _expire_loop(self) -> None:
+        interval = max(min(self.settings.session_ttl / 4, 60.0), 0.05)
+        sessions = self.backend.sessions
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                expired = await sessions.expire()
+                if expired:
+                    logger.info("expired %d idle sessions", expired)
+            except Exception as exc:  # the loop's boundary: expiry must go on after any one failure
+                raise_if_cancelled()
+                if isinstance(exc, BackendUnavailable):
+                    logger.warning("session expiry skipped: backend unavailable")
+                else:
+                    logger.exception("session expiry failed")

@@ -1,0 +1,129 @@
+"""The edge every HTTP request passes once: Origin, authentication, and the answers shared by all routes.
+
+``Edge.admit`` runs before any route (``broker.app.BrokerApp``): it refuses a foreign
+``Origin`` (403), asks the ``Authenticator`` who the caller is on the routes that need one
+(401 with the authenticator's ``WWW-Authenticate`` challenge otherwise), and puts the
+``Principal`` in the ASGI scope, where every route reads it with ``principal_of``. A route
+answers in one of two shapes: the JSON-RPC error of ``/mcp`` or the ``{"detail": ...}`` of the
+REST API and ``POST /changes``; ``Style`` says which, so each refusal is built in one place.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Final
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Scope
+
+from broker.auth import Authenticator, Principal, Unauthorized
+from broker.errors import BackendUnavailable
+from broker.protocol import jsonrpc as rpc
+from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
+
+__all__ = ["PRINCIPAL", "BadBody", "Edge", "Style", "detail", "json_response", "principal_of", "read_json", "refusal",
+           "rpc_error", "unavailable"]
+
+#: Where the edge leaves the request's principal in the ASGI scope.
+PRINCIPAL: Final = "mcp_broker.principal"
+JSON: Final = "application/json"
+
+
+class Style(Enum):
+    """How a route words a refusal."""
+
+    RPC = "rpc"  # /mcp: a JSON-RPC error object
+    REST = "rest"  # the REST API and POST /changes: {"detail": "..."}
+
+
+def json_response(body: bytes | Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer (``body`` already encoded, or a value to encode), never sniffed nor cached."""
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    response = Response(data, status_code=status, media_type=JSON, headers=headers)
+    response.raw_headers += NO_SNIFF_NO_STORE
+    return response
+
+
+def rpc_error(error: rpc.RpcError, id_: rpc.Id | None = None, headers: dict[str, str] | None = None) -> Response:
+    """A JSON-RPC error as the whole answer, with the error's HTTP status (and ``Retry-After``)."""
+    if error.retry_after is not None:
+        headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
+    return json_response(rpc.encode_error(id_, error), error.status, headers)
+
+
+def detail(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """A REST-style refusal: ``{"detail": message}``."""
+    return json_response({"detail": message}, status, headers)
+
+
+def refusal(style: Style, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    if style is Style.RPC:
+        return rpc_error(rpc.RpcError(rpc.INVALID_REQUEST, message, status=status), None, headers)
+    return detail(status, message, headers)
+
+
+def unavailable(style: Style) -> Response:
+    """503 for a request the backend could not serve; the client may retry after a second."""
+    if style is Style.RPC:
+        return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
+                                      status=503, retry_after=1))
+    return detail(503, "backend unavailable", {"Retry-After": "1"})
+
+
+def principal_of(scope: Scope) -> Principal:
+    """The principal ``Edge.admit`` found for this request."""
+    principal: Principal = scope[PRINCIPAL]
+    return principal
+
+
+class BadBody(Exception):
+    """A request body that cannot be used: ``status`` 413 (too large) or 400 (not JSON)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body, at most ``limit`` bytes, decoded as JSON.
+
+    Raises:
+        BadBody: 413 for a larger body, 400 for one that is not JSON.
+        starlette.requests.ClientDisconnect: the client left before the body was complete.
+    """
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge as exc:
+        raise BadBody(413, f"body larger than {exc.limit} bytes") from exc
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadBody(400, f"body is not valid JSON: {exc}") from exc
+
+
+class Edge:
+    """The checks every route shares, done once per request."""
+
+    def __init__(self, origins: list[str], authenticator: Authenticator) -> None:
+        self.origins = OriginPolicy(origins)
+        self.authenticator = authenticator
+
+    async def admit(self, scope: Scope, style: Style, *, authenticate: bool) -> Response | None:
+        """None when the request may go on (its principal in the scope), else the refusal to send."""
+        headers = Headers(scope=scope)
+        if not self.origins.allows(headers.get("origin")):
+            return refusal(style, 403, "Forbidden: Origin not allowed" if style is Style.RPC else "Origin not allowed")
+        if not authenticate:
+            return None
+        try:
+            scope[PRINCIPAL] = await self.authenticator.authenticate(headers)
+        except Unauthorized as exc:
+            message = f"Unauthorized: {exc}" if style is Style.RPC else str(exc)
+            return refusal(style, 401, message, {"WWW-Authenticate": exc.challenge})
+        except BackendUnavailable:
+            return unavailable(style)
+        return None

@@ -1,0 +1,137 @@
+"""The stdio channel's bytes: one writer of stdout, and input lines read without blocking the loop.
+
+Framing: one compact JSON message per line, UTF-8. Every write goes through one writer task
+(``Output``), so frames of concurrent listens, replies and legacy notifications never
+interleave; a client that stops reading slows the broker down instead of growing its memory.
+A line longer than the bound is skipped and stands as ``TOO_LONG`` (answered with an error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import IO, Final
+
+__all__ = ["LINE_LIMIT_SLACK", "TOO_LONG", "Output", "StdioWriter", "blocking", "lines"]
+
+logger = logging.getLogger(__name__)
+
+#: Messages waiting for stdout; a client that stops reading slows the broker down instead of growing memory.
+OUTPUT_QUEUE: Final = 1024
+#: Room for the envelope on top of ``max_body_bytes``; a longer line is refused and skipped.
+LINE_LIMIT_SLACK: Final = 4096
+TOO_LONG: Final = b"\x00"  # stands in for a line that was too long (it never reaches the parser)
+
+
+class Output:
+    """The single writer of stdout: a bounded queue drained by one task (blocking writes run in a thread)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(OUTPUT_QUEUE)
+        self.task: asyncio.Task[None] | None = None
+        self.broken = False
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._drain(), name="stdio-writer")
+
+    async def put(self, line: bytes) -> None:
+        if not self.broken:
+            await self.queue.put(line)
+
+    def _write(self, chunk: bytes) -> None:
+        self.stream.write(chunk)
+        self.stream.flush()
+
+    async def _drain(self) -> None:
+        while (line := await self.queue.get()) is not None:
+            chunk = [line + b"\n"]
+            while not self.queue.empty():  # batch what is already waiting into one write
+                more = self.queue.get_nowait()
+                if more is None:
+                    self.queue.put_nowait(None)
+                    break
+                chunk.append(more + b"\n")
+            try:
+                await asyncio.to_thread(self._write, b"".join(chunk))
+            except (OSError, ValueError):  # the client closed stdout: keep draining, write nothing
+                self.broken = True
+                logger.info("stdout closed by the client")
+
+    async def close(self) -> None:
+        """Write what is queued, then stop."""
+        await self.queue.put(None)
+        if self.task is not None:
+            await self.task
+
+
+class StdioWriter:
+    """The ``broker.delivery.Writer`` of the stdio channel: one line per message, no SSE-only extras."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+
+    async def send(self, message: bytes, event_id: str | None = None) -> None:
+        await self.output.put(message)
+
+    async def send_many(self, items: list[tuple[bytes, str | None]]) -> None:
+        await self.output.put(b"\n".join(message for message, _ in items))
+
+    async def comment(self) -> None:
+        """No keep-alives: stdio has no intermediaries to time out."""
+
+    async def retry(self) -> None:
+        """No reconnect hint: a stdio client restarts the process instead."""
+
+    async def prime(self, event_id: str) -> None:
+        """No cursors on stdio."""
+
+
+async def lines(stdin: IO[bytes], limit: int) -> AsyncIterator[bytes]:
+    """Yield input lines as they arrive; non-blocking on pipes, a thread for anything else."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
+    except (OSError, ValueError):  # a regular file, say: reads never block for long
+        while line := await asyncio.to_thread(stdin.readline, limit):
+            yield line
+        return
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                yield exc.partial
+            return
+        except asyncio.LimitOverrunError as exc:
+            # Drop the oversized line up to its newline, keep the channel usable, answer a parse error.
+            if not await _discard_line(reader, exc.consumed):
+                return
+            yield TOO_LONG
+            continue
+        yield line
+
+
+async def _discard_line(reader: asyncio.StreamReader, consumed: int) -> bool:
+    """Skip the rest of an oversized line; False at EOF."""
+    try:
+        await reader.readexactly(consumed)
+        while True:
+            try:
+                await reader.readuntil(b"\n")
+                return True
+            except asyncio.LimitOverrunError as exc:
+                await reader.readexactly(exc.consumed)
+    except asyncio.IncompleteReadError:
+        return False
+
+
+def blocking(stream: IO[bytes]) -> bool | None:
+    """Whether the stream's descriptor is blocking now (restored at exit: the pipe reader clears it)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.get_blocking(stream.fileno())
+    return None
