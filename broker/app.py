@@ -37,14 +37,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """What the edge does for a path: how refusals are worded, and whether a caller must be known."""
+    """What the edge does for a path: how refusals are worded, whether a caller must be known, and
+    (when the route says) which methods it serves: another method gets 405 before any credential
+    is asked for."""
 
     style: Style
     authenticate: bool
+    methods: frozenset[str] | None = None
 
 
 MCP: Final = Route(Style.RPC, authenticate=True)
-#: Paths under the REST API's prefix need a caller; any other path (health, FastAPI's 404) does not.
+CHANGES: Final = Route(Style.REST, authenticate=True, methods=frozenset({"POST"}))
+#: Paths under the REST API's prefix need a caller (an unknown one among them too: it says nothing
+#: of the API's routes to a stranger); any other path (health, FastAPI's 404) does not.
 API_PREFIX: Final = "/collections"
 _API: Final = Route(Style.REST, authenticate=True)
 _PUBLIC: Final = Route(Style.REST, authenticate=False)
@@ -63,7 +68,7 @@ class BrokerApp:
         self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms)
         #: Served directly, each with its edge policy; ``/mcp`` is run below, in this frame.
         self._direct: dict[str, tuple[ASGIApp, Route]] = {
-            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), _API),
+            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), CHANGES),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,6 +76,9 @@ class BrokerApp:
             await self.api(scope, receive, send)  # lifespan
             return
         path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # routes are matched as FastAPI matches them, below the root path
+            path = path[len(root):]
         # The try is here rather than in a helper awaited from here: each frame a GET stream awaits
         # through stays suspended for as long as the stream is open.
         try:
@@ -81,6 +89,10 @@ class BrokerApp:
                 self._warn_host(host)
                 await refusal(route.style, 421, "Misdirected Request: Host not allowed" if route.style is Style.RPC
                               else "Host not allowed")(scope, receive, send)
+                return
+            if route.methods is not None and scope["method"] not in route.methods:
+                allowed = ", ".join(sorted(route.methods))
+                await refusal(route.style, 405, "Method Not Allowed", {"Allow": allowed})(scope, receive, send)
                 return
             refused = await self.edge.admit(scope, route.style, authenticate=route.authenticate)
             if refused is not None:

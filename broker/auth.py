@@ -8,8 +8,8 @@ checking a token may need I/O (a key set, an introspection endpoint).
 
 Built in: ``Anonymous`` (no credentials configured: every caller is the anonymous principal of
 the default tenant) and ``ApiKeys`` (static keys from ``MCP_BROKER_API_KEYS``, each bound to a
-tenant and a subject). Both grant every scope; ``SCOPES`` names them for authenticators that
-grant less.
+tenant and a subject). Both grant every scope. A principal carries its scopes (``SCOPES`` names
+them), but nothing checks them yet: every principal may do whatever its tenant may.
 """
 
 from __future__ import annotations

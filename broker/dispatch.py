@@ -99,11 +99,16 @@ class Dispatcher:
 
     async def request(self, call: Call, msg: Message) -> bytes:
         """One request's reply: its result, or the error a method raised."""
-        assert msg.method is not None and msg.id is not None  # a request has both (parse_message)
+        assert msg.id is not None  # a request has one (parse_message)
         try:
-            return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
+            return rpc.encode_result(msg.id, await self.call(call, msg))
         except rpc.RpcError as exc:
             return rpc.encode_error(msg.id, exc)
+
+    async def call(self, call: Call, msg: Message) -> dict[str, Any]:
+        """One request's result. Raises the ``RpcError`` its method raised."""
+        assert msg.method is not None  # a request has one (parse_message)
+        return await self.methods.call(call, msg.method, msg.params)
 
     async def batch(self, call: Call, items: list[Any],
                     member: Callable[[Message], Awaitable[bytes | None]] | None = None) -> bytes | None:
@@ -116,15 +121,25 @@ class Dispatcher:
             RpcError: -32600 (400) for a session of a version without batches, an empty batch or
                 one longer than ``max_batch_items``.
         """
-        version = call.session.protocol_version if call.session is not None else None
-        if version not in BATCH_VERSIONS:
+        self.check_batch(items)
+        if call.session is None:
             raise rpc.RpcError(rpc.INVALID_REQUEST,
                                f"Invalid Request: batches are only part of {', '.join(sorted(BATCH_VERSIONS))}",
                                status=400)
-        check_batch(items, self.max_batch_items)
+        if call.session.protocol_version not in BATCH_VERSIONS:
+            raise rpc.RpcError(rpc.INVALID_REQUEST,
+                               f"Invalid Request: batches are not part of {call.session.protocol_version}", status=400)
         answer = member or (lambda msg: self.legacy(call, msg))
         replies = await answer_batch(items, answer, self.max_response_bytes)
         return encode_batch(replies) if replies else None
+
+    def check_batch(self, items: list[Any]) -> None:
+        """Refuse an empty batch or one longer than ``max_batch_items`` (before anything else is looked at).
+
+        Raises:
+            RpcError: -32600 (400).
+        """
+        check_batch(items, self.max_batch_items)
 
     def legacy_stream(self, session: SessionRecord, cursor: int | None, *, resync: bool = False,
                       priming: bool = False) -> LegacyStream:

@@ -6,7 +6,7 @@ changes to the workers holding listens, and only then acknowledges the batch. A 
 that dies before acknowledging leaves its batch pending; another claims it after
 ``fanout_claim_idle_ms``. Fan-out is therefore at least once, but inbox appends are
 idempotent: every frame names the change behind it, and an inbox skips a frame of a change no
-newer than the newest of that partition it already holds (``Backend.append_frames``), so a
+newer than the newest of that partition it already holds (``Inboxes.append``), so a
 redone batch adds nothing twice to a session. The broadcast to listens carries the same ids,
 and each process hands a change on at most once (``BroadcastFilter``), so a batch redone after
 its broadcast went out does not reach a listen twice either.

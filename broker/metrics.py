@@ -1,10 +1,13 @@
 """The metrics seam: counters, gauges and histograms behind a small interface, off by default.
 
 Components get a ``Metrics`` through their constructor and ask it for their instruments once,
-when they are built; the hot path then calls ``inc`` / ``set`` / ``observe`` on an instrument
-it already holds, and with ``NO_METRICS`` (the default) each call is a no-op method call. A
-binding (Prometheus, StatsD, a test's recorder) implements ``Metrics`` in one file and is
-wired in with one line: ``Broker(settings, metrics=MyMetrics())``.
+when they are built, with their label values bound (``metrics.counter(name, era="legacy")``,
+as ``prometheus_client``'s ``labels()`` does); the hot path then calls ``inc`` / ``set`` /
+``observe`` on an instrument it already holds, one method call with no keyword arguments, and
+with ``NO_METRICS`` (the default) that call does nothing. Labels known only later (an end
+reason) ask for the instrument then, off the hot path. A binding (Prometheus, StatsD, a test's
+recorder) implements ``Metrics`` in one file and is wired in with one line:
+``Broker(settings, metrics=MyMetrics())``.
 
 Every instrument the broker reports is declared here, in ``CATALOG``, with its kind, help text
 and label names, so the names exist once and a binding can create them all up front (and a
@@ -31,29 +34,29 @@ __all__ = [
 
 
 class Counter(Protocol):
-    def inc(self, amount: float = 1.0, **labels: str) -> None: ...
+    def inc(self, amount: float = 1.0) -> None: ...
 
 
 class Gauge(Protocol):
-    def set(self, value: float, **labels: str) -> None: ...
+    def set(self, value: float) -> None: ...
 
-    def inc(self, amount: float = 1.0, **labels: str) -> None: ...
+    def inc(self, amount: float = 1.0) -> None: ...
 
-    def dec(self, amount: float = 1.0, **labels: str) -> None: ...
+    def dec(self, amount: float = 1.0) -> None: ...
 
 
 class Histogram(Protocol):
-    def observe(self, value: float, **labels: str) -> None: ...
+    def observe(self, value: float) -> None: ...
 
 
 class Metrics(Protocol):
-    """Where instruments come from. ``name`` is one of ``CATALOG``'s; the binding decides the rest."""
+    """Where instruments come from: ``name`` is one of ``CATALOG``'s, ``labels`` its label values."""
 
-    def counter(self, name: str) -> Counter: ...
+    def counter(self, name: str, **labels: str) -> Counter: ...
 
-    def gauge(self, name: str) -> Gauge: ...
+    def gauge(self, name: str, **labels: str) -> Gauge: ...
 
-    def histogram(self, name: str) -> Histogram: ...
+    def histogram(self, name: str, **labels: str) -> Histogram: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +104,16 @@ class _Nothing:
 
     __slots__ = ()
 
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
+    def inc(self, amount: float = 1.0) -> None:
         return None
 
-    def dec(self, amount: float = 1.0, **labels: str) -> None:
+    def dec(self, amount: float = 1.0) -> None:
         return None
 
-    def set(self, value: float, **labels: str) -> None:
+    def set(self, value: float) -> None:
         return None
 
-    def observe(self, value: float, **labels: str) -> None:
+    def observe(self, value: float) -> None:
         return None
 
 
@@ -122,13 +125,13 @@ class NoMetrics:
 
     __slots__ = ()
 
-    def counter(self, name: str) -> Counter:
+    def counter(self, name: str, **labels: str) -> Counter:
         return _NOTHING
 
-    def gauge(self, name: str) -> Gauge:
+    def gauge(self, name: str, **labels: str) -> Gauge:
         return _NOTHING
 
-    def histogram(self, name: str) -> Histogram:
+    def histogram(self, name: str, **labels: str) -> Histogram:
         return _NOTHING
 
 

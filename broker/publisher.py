@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from broker.backends.base import ChangeLog
 from broker.changes import Change, ChangeKind, ChangeRules, InvalidChange
 from broker.errors import LogFull, PublishRefused, QuotaExceeded
-from broker.metrics import NO_METRICS, Metrics
+from broker.metrics import NO_METRICS, Counter, Metrics
 from broker.tenants import tenant_problem
 
 __all__ = ["Publisher", "TooManyChanges"]
@@ -41,8 +41,9 @@ class Publisher:
         self.rules = rules
         self.default_tenant = default_tenant
         self.max_waiting = max_waiting
-        self._published = metrics.counter("mcp_broker_changes_published_total")
-        self._refused = metrics.counter("mcp_broker_changes_refused_total")
+        self._metrics = metrics
+        #: By source: the instrument of each, made at its first publish.
+        self._published: dict[str, Counter] = {}
 
     def change(self, tenant: str, uri: Any, kind: Any = ChangeKind.UPDATED, meta: Any = None) -> Change:
         """A change of ``tenant`` that fan-out can deliver. Raises ``InvalidChange`` (``ForeignNamespace``)."""
@@ -94,9 +95,9 @@ class Publisher:
         try:
             result = await write(change)
         except PublishRefused as exc:
-            self._refused.inc(reason=_reason(exc))
+            self._refused(exc)
             raise
-        self._published.inc(source=source)
+        self._count(source, 1)
         return result
 
     def _item(self, tenant: str, item: Any, where: str) -> Change:
@@ -111,10 +112,20 @@ class Publisher:
         try:
             ids = await self.changelog.publish_many(changes)
         except PublishRefused as exc:
-            self._refused.inc(reason=_reason(exc))
+            self._refused(exc)
             raise
-        self._published.inc(len(ids), source=source)
+        self._count(source, len(ids))
         return ids
+
+    def _count(self, source: str, n: int) -> None:
+        counter = self._published.get(source)
+        if counter is None:
+            counter = self._published[source] = self._metrics.counter("mcp_broker_changes_published_total",
+                                                                      source=source)
+        counter.inc(n)
+
+    def _refused(self, exc: PublishRefused) -> None:
+        self._metrics.counter("mcp_broker_changes_refused_total", reason=_reason(exc)).inc()
 
 
 def _reason(exc: PublishRefused) -> str:

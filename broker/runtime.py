@@ -68,14 +68,14 @@ class Broker:
         self.records = Records(backend.records, settings, self.publisher)
         self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions)
         self.streams = Streams()
-        stream_metrics = StreamMetrics(metrics)
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
-                                   stream_metrics)
+                                   StreamMetrics(metrics, "modern"))
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics)
         self.methods = Methods(settings, self.resources, backend.subscriptions, self.server_info)
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
-                                stream_metrics, inbox_batch=settings.inbox_batch, stream_buffer=settings.stream_buffer)
+                                StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
+                                stream_buffer=settings.stream_buffer)
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
                                      max_response_bytes=settings.max_response_bytes)

@@ -2,22 +2,25 @@
 
 A ``ChangeSource`` is started and stopped with the broker (``Broker.add_source``) and publishes
 through the broker's one ``Publisher``. A source marked ``exclusive`` runs on one worker of the
-deployment at a time, under a lease named after it (``Backend.leases``): every worker asks for
-the lease, the one that gets it runs the source and renews the lease every third of
-``source_lease_ms``; a worker that cannot renew it (it lost the lease, or the backend did not
-answer for a whole lease) stops its source, and another worker takes it over once the lease
-lapses. Two workers may overlap for at most the time a renewal takes to fail, so a source that
-must never publish twice keeps a cursor of its own (a published change is a level trigger:
-publishing one twice costs a client one read).
+deployment at a time, under a lease named after it (``Backend.leases``, ``source_lease_ms`` long):
+every worker asks for the lease, the one that gets it runs the source and renews it every third
+of the lease. The lease is counted from the moment its last successful renewal was *sent*, so
+it cannot have lapsed on the server before this worker thinks so; a worker whose renewals do
+not succeed for two thirds of the lease cancels its source, and releases the lease only once the
+source has stopped. Another worker can take the lease only once it lapsed, a whole lease after
+that last renewal: the two never run at once, unless a source takes longer than a third of the
+lease to stop when cancelled (or the clocks of Redis and the worker drift by as much). A source
+that must never publish twice anyway keeps a cursor of its own; a published change is a level
+trigger, and publishing one twice costs a client one read.
 
-A source whose ``run`` fails is started again after a pause that grows to 30 s; one whose
-``run`` returns is done and is not started again.
+A source whose ``run`` fails is started again after a pause that grows to 30 s (and starts
+again from half a second once a run lasted a minute); one whose ``run`` returns is done and is
+not started again. A worker that lost the lease asks for it again, then every third of a lease.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from typing import Final, Protocol
@@ -55,84 +58,114 @@ class SourceRunner:
         self.source = source
         self.publisher = publisher
         self.leases = leases
-        self.lease_ms = lease_ms
+        self.lease = lease_ms / 1000
         self.owner = f"{source.name}-{secrets.token_hex(4)}"
-        self._running = metrics.gauge("mcp_broker_sources_running")
+        self._running = metrics.gauge("mcp_broker_sources_running", source=source.name)
+        #: Loop time at which the last successful hold was sent: the lease is ours until then + lease.
+        self._held_since = 0.0
 
     @property
-    def lease(self) -> str:
+    def lease_name(self) -> str:
         return "source:" + self.source.name
 
     async def run(self) -> None:
         """Until cancelled: take the lease (exclusive sources), run the source, start it again if it fails."""
+        loop = asyncio.get_running_loop()
         backoff = 0.5
         while True:
-            if self.source.exclusive and not await self._take():
-                await asyncio.sleep(self.lease_ms / 3000)
+            if self.source.exclusive and not await self._hold():  # another holds it, or no answer
+                await asyncio.sleep(self.lease / 3)
                 continue
-            try:
-                finished = await self._run_once()
-            finally:
-                if self.source.exclusive:
-                    await self._release()
-            if finished:
+            began = loop.time()
+            outcome = await self._run_once()
+            if outcome == "finished":
                 logger.info("change source %s finished", self.source.name)
                 return
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            if outcome == "failed":
+                backoff = 0.5 if loop.time() - began > 60 else backoff
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
 
-    async def _take(self) -> bool:
+    async def _hold(self) -> bool | None:
+        """Take or renew the lease, within the time it has left: True when this worker holds it now,
+        False when another one does, None when the lease store did not answer in time."""
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        # A renewal may take no longer than the margin that is left; a first take, a third of a lease.
+        deadline = sent + self.lease / 3
+        if self._held_since:
+            deadline = max(self._held_since + self.lease * 2 / 3, sent + 0.001)
         try:
-            return await self.leases.hold(self.lease, self.owner, self.lease_ms)
-        except BackendUnavailable:
-            return False
+            async with asyncio.timeout(deadline - sent):
+                held = await self.leases.hold(self.lease_name, self.owner, int(self.lease * 1000))
+        except Exception as exc:  # the lease store's failure is a lease not known to be held (a bug is logged)
+            raise_if_cancelled()
+            if not isinstance(exc, BackendUnavailable | TimeoutError):
+                logger.exception("change source %s: its lease could not be asked for", self.source.name)
+            return None
+        if held:
+            self._held_since = sent
+        return held
 
-    async def _run_once(self) -> bool:
-        """Run the source until it ends (True: it returned) or fails or loses its lease (False)."""
+    def _trusted(self) -> bool:
+        """The lease is surely still ours: less than two thirds of it since the last renewal was sent."""
+        return asyncio.get_running_loop().time() < self._held_since + self.lease * 2 / 3
+
+    async def _run_once(self) -> str:
+        """Run the source until it returns (``finished``), fails (``failed``) or loses its lease (``lost``)."""
         task = asyncio.create_task(self.source.run(self.publisher), name=f"source-{self.source.name}")
-        self._running.inc(source=self.source.name)
+        self._running.inc()
+        lost = False
         try:
             if self.source.exclusive:
-                await self._keep_lease(task)
+                lost = await self._keep_lease(task)
             else:
                 await asyncio.wait({task})
         finally:
-            self._running.dec(source=self.source.name)
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
+            try:
+                await self._stop(task)
+            finally:
+                self._running.dec()
+                if self.source.exclusive:
+                    await self._release()  # only once the source has stopped
+        if lost:
+            return "lost"
         if task.cancelled():
-            return False
+            return "failed"
         if (error := task.exception()) is not None:
             logger.error("change source %s failed; starting it again", self.source.name, exc_info=error)
-            return False
-        return True
+            return "failed"
+        return "finished"
 
-    async def _keep_lease(self, task: asyncio.Task[None]) -> None:
-        """Renew the lease while ``task`` runs; return when it ends or the lease can no longer be trusted."""
-        loop = asyncio.get_running_loop()
-        renewed = loop.time()
+    async def _keep_lease(self, task: asyncio.Task[None]) -> bool:
+        """Renew the lease while ``task`` runs; True when it was lost (the task must stop), False once it ended."""
         while not task.done():
-            await asyncio.wait({task}, timeout=self.lease_ms / 3000)
+            await asyncio.wait({task}, timeout=self.lease / 3)
             if task.done():
-                return
-            try:
-                async with asyncio.timeout(self.lease_ms / 3000):
-                    held = await self.leases.hold(self.lease, self.owner, self.lease_ms)
-            except (BackendUnavailable, TimeoutError):
-                raise_if_cancelled()
-                # Not renewed: still ours until the last renewal lapses, and not one moment longer.
-                held = loop.time() - renewed < self.lease_ms / 1000 * 2 / 3
-            else:
-                renewed = loop.time()
-            if not held:
+                return False
+            held = await self._hold()
+            if held is False or (held is None and not self._trusted()):
                 logger.warning("change source %s lost its lease; stopping it here", self.source.name)
-                return
+                return True
+        return False
+
+    @staticmethod
+    async def _stop(task: asyncio.Task[None]) -> None:
+        """Cancel ``task`` and wait until it has ended, whatever cancellations reach this one meanwhile."""
+        cancelled = False
+        while not task.done():
+            task.cancel()
+            try:
+                await asyncio.wait({task})
+            except asyncio.CancelledError:
+                cancelled = True  # a shutdown repeats its cancel: still wait for the source to stop
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _release(self) -> None:
+        self._held_since = 0.0
         try:
             async with asyncio.timeout(1.0):
-                await self.leases.release(self.lease, self.owner)
+                await self.leases.release(self.lease_name, self.owner)
         except (BackendUnavailable, TimeoutError):
             pass  # it lapses by itself

@@ -13,6 +13,7 @@ import re
 from typing import Final, NamedTuple
 
 __all__ = [
+    "NAME_PATTERN",
     "SCHEME",
     "BadUri",
     "RecordRef",
@@ -25,7 +26,9 @@ __all__ = [
 ]
 
 SCHEME: Final = "mcpb"
-_NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")
+#: Tenant, collection and record names: URI-safe unreserved characters, 1-128 long (and not dot-only).
+NAME_PATTERN: Final = r"^[A-Za-z0-9_.~-]{1,128}$"
+_NAME = re.compile(NAME_PATTERN)
 _PREFIX: Final = SCHEME + "://"
 _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S")
 #: Whitespace (Unicode's, as ``str.isspace``) and control characters: none may appear in a URI.

@@ -13,9 +13,9 @@ seam in ``broker.backends.base``. The rules are written once here and used by ev
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from broker.changes import Change
 
@@ -196,51 +196,48 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class Handlers(Generic[K, V]):
+class Handlers(dict[K, list[Callable[[V], None]]]):
     """Local callbacks registered under a key: a session's stream wake-ups, the broadcast's handlers.
 
-    ``call`` hands each value to each handler of the key, in registration order; a handler
-    that raises is logged and costs only itself that value, never the other handlers nor the
-    rest of the values.
+    A dict of key -> handlers, so the per-frame question "is anyone watching this session?" is
+    a plain ``in`` (C, no Python call). ``call`` hands each value to each handler of the key, in
+    registration order; a handler that raises is logged and costs only itself that value, never
+    the other handlers nor the rest of the values.
     """
 
-    __slots__ = ("_by_key", "_what")
+    __slots__ = ("_what",)
 
     def __init__(self, what: str) -> None:
-        self._by_key: dict[K, list[Callable[[V], None]]] = {}
+        super().__init__()
         self._what = what
 
     def add(self, key: K, handler: Callable[[V], None]) -> bool:
         """Register ``handler``; True when it is the first of its key."""
-        handlers = self._by_key.setdefault(key, [])
+        handlers = self.setdefault(key, [])
         handlers.append(handler)
         return len(handlers) == 1
 
     def remove(self, key: K, handler: Callable[[V], None]) -> bool:
         """Unregister ``handler`` (once); True when its key has no handler left. Unknown ones are ignored."""
-        handlers = self._by_key.get(key)
+        handlers = self.get(key)
         if handlers is None or handler not in handlers:
             return False
         handlers.remove(handler)
         if handlers:
             return False
-        del self._by_key[key]
+        del self[key]
         return True
 
-    def __contains__(self, key: K) -> bool:
-        return key in self._by_key
-
-    def __bool__(self) -> bool:
-        return bool(self._by_key)
-
-    def keys(self) -> Iterator[K]:
-        return iter(list(self._by_key))
+    def snapshot(self) -> list[K]:
+        """The keys now, safe to iterate while handlers come and go."""
+        return list(self)
 
     def call(self, key: K, *values: V) -> None:
-        handlers = self._by_key.get(key)
+        handlers = self.get(key)
         if not handlers:
             return
-        for handler in list(handlers):
+        # No copy: handlers come and go in ``watch`` / ``unwatch``, never from inside a call.
+        for handler in handlers:
             for value in values:
                 try:
                     handler(value)

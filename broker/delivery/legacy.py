@@ -32,9 +32,6 @@ __all__ = ["LegacyServices", "LegacyStream", "coalesce", "format_event_id", "par
 
 logger = logging.getLogger(__name__)
 
-_ERA = "legacy"
-
-
 def format_event_id(epoch: str, offset: int) -> str:
     return f"{epoch}-{offset}"
 
@@ -80,7 +77,7 @@ class LegacyStream(Stream):
     """The one live GET stream of a legacy session."""
 
     __slots__ = ("_dirty", "_expect", "_from_head", "_live", "_priming", "_resync_first", "_sub_log", "_superseded",
-                 "cursor", "generation", "services", "session", "subscriptions", "writer")
+                 "cursor", "generation", "services", "session", "subscriptions")
 
     def __init__(self, services: LegacyServices, session: SessionRecord, cursor: int | None, *,
                  resync: bool = False, priming: bool = False) -> None:
@@ -91,7 +88,6 @@ class LegacyStream(Stream):
         super().__init__()
         self.services = services
         self.session = session
-        self.writer: Writer | None = None
         self.cursor = cursor or 0
         self._from_head = cursor is None
         self._priming = priming
@@ -140,10 +136,9 @@ class LegacyStream(Stream):
     async def run(self, writer: Writer) -> EndReason:
         """Serve the stream on ``writer`` until it ends; returns why it ended."""
         services = self.services
-        self.writer = writer
         unwatch: Callable[[], Awaitable[None]] | None = None
         services.streams.legacy[self] = self.session.id
-        services.metrics.open.inc(era=_ERA)
+        services.metrics.open.inc()
         if services.streams.closing:  # shutdown began while this stream was being set up
             self.end(EndReason.SHUTDOWN)
         try:
@@ -164,14 +159,13 @@ class LegacyStream(Stream):
             self.end(EndReason.UNAVAILABLE)
         finally:
             services.streams.legacy.pop(self, None)
-            services.metrics.open.dec(era=_ERA)
+            services.metrics.ended(self.ended or EndReason.DISCONNECT)
             if unwatch is not None:
                 try:
                     await unwatch()
                 except BackendUnavailable:
                     pass
         reason = self.ended or EndReason.DISCONNECT
-        services.metrics.ended.inc(era=_ERA, reason=reason.value)
         if reason is EndReason.TAKEOVER:
             services.metrics.takeovers.inc()
         if reason.reconnect:
@@ -283,9 +277,12 @@ class LegacyStream(Stream):
     async def _resync(self, writer: Writer) -> None:
         """The gap rule: tell the client to re-read everything it watches; the cursor is at the head.
 
-        The subscriptions are read from the store, not taken from the stream's copy: a
-        subscription made while wake-ups were being lost (a pub/sub reconnect, which is also
-        when gaps happen) is in the store but not in the copy. The copy is refreshed with it.
+        The frames cover the store's subscriptions and the stream's copy together: a
+        subscription made while wake-ups were being lost (a pub/sub reconnect, which is also when
+        gaps happen) is in the store but not in the copy, and a store that has just lost its data
+        returns less than the copy. The copy takes what the store adds and loses nothing, so a
+        restore after this never drops a subscription (an unsubscription whose wake was lost may
+        linger in it: a needless notification, never a missed one).
 
         The frames go straight to the stream, not through the inbox: a session with more
         subscriptions than ``inbox_maxlen`` would otherwise trim its own resync and gap again,
@@ -293,20 +290,17 @@ class LegacyStream(Stream):
         from its old cursor and is resynchronised once more, which is safe for level triggers.
         """
         self._resync_first = False
-        copy, self.subscriptions = self.subscriptions, None  # wakes meanwhile are logged, as at the start
-        try:
-            subscriptions = await self.services.subscriptions.of_session(self.session.id)
-        except BaseException:
-            if copy is not None:
-                self._apply_sub_log(copy)
-            self.subscriptions = copy
-            raise
-        self._apply_sub_log(subscriptions)
-        self.subscriptions = subscriptions
-        frames = resync_frames(subscriptions)
+        stored = await self.services.subscriptions.of_session(self.session.id)
+        copy = self.subscriptions
+        if copy is None:  # not loaded yet (cannot happen after the start): the store's is all there is
+            self._apply_sub_log(stored)
+            self.subscriptions = copy = stored
+        else:
+            copy |= stored
+        frames = resync_frames(copy)
         head_id = format_event_id(self.session.epoch, self.cursor)
         if self.ended is None:
-            self.services.metrics.resyncs.inc(era=_ERA)
+            self.services.metrics.resyncs.inc()
             await writer.send_many([(f.data, head_id if i == len(frames) - 1 else None) for i, f in enumerate(frames)])
 
     async def _send(self, writer: Writer, frames: list[tuple[int, Frame]]) -> None:
@@ -319,6 +313,6 @@ class LegacyStream(Stream):
         elif batch:
             await writer.send_many([(frame.data, format_event_id(epoch, off)) for off, frame in batch])
         if batch:
-            self.services.metrics.sent.inc(len(batch), era=_ERA)
+            self.services.metrics.sent.inc(len(batch))
         if frames:
             self.cursor = max(self.cursor, frames[-1][0])

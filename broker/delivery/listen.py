@@ -26,7 +26,6 @@ __all__ = ["SUBSCRIPTION_ID", "Listen", "ListenIndex"]
 logger = logging.getLogger(__name__)
 
 SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
-_ERA = "modern"
 
 
 class Listen(Stream):
@@ -89,7 +88,7 @@ class Listen(Stream):
 
     def _push_resync(self) -> None:
         self._resync = False
-        self._metrics.resyncs.inc(era=_ERA)
+        self._metrics.resyncs.inc()
         for uri in self.uris:
             self.push_update(uri)
         if self.list_changed:
@@ -106,7 +105,7 @@ class Listen(Stream):
                 pending, self.pending = self.pending, {}
                 # One write for all of them, so a cancel cannot land between two notifications.
                 await writer.send_many([(data, None) for data in pending.values()])
-                self._metrics.sent.inc(len(pending), era=_ERA)
+                self._metrics.sent.inc(len(pending))
             elif self.ping:
                 self.ping = False
                 await writer.comment()
@@ -151,7 +150,7 @@ class ListenIndex:
             raise LimitExceeded(f"at most {self.max_listens} open listens per worker")
         listen = Listen(request_id, tenant, uris, list_changed, acknowledged, self.server_meta, self.metrics)
         self.streams.listens[listen] = None
-        self.metrics.open.inc(era=_ERA)
+        self.metrics.open.inc()
         for uri in uris:
             self._by_uri.setdefault((tenant, uri), set()).add(listen)
         if list_changed:
@@ -164,8 +163,7 @@ class ListenIndex:
         """Forget a listen, however it ended (or if it never ran); closing twice is harmless."""
         if listen in self.streams.listens:
             del self.streams.listens[listen]
-            self.metrics.open.dec(era=_ERA)
-            self.metrics.ended.inc(era=_ERA, reason=(listen.ended or EndReason.DISCONNECT).value)
+            self.metrics.ended(listen.ended or EndReason.DISCONNECT)
         for uri in listen.uris:
             members = self._by_uri.get((listen.tenant, uri))
             if members is not None:

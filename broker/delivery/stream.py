@@ -78,18 +78,24 @@ _RESUMABLE: Final = frozenset({EndReason.UNAVAILABLE, EndReason.LOST})
 
 
 class StreamMetrics:
-    """The instruments streams report to, made once per process."""
+    """The instruments streams of one era report to, made once per process and era."""
 
-    __slots__ = ("ended", "open", "replayed", "resyncs", "restored", "sent", "takeovers")
+    __slots__ = ("_metrics", "era", "open", "replayed", "restored", "resyncs", "sent", "takeovers")
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.open = metrics.gauge("mcp_broker_streams_open")
-        self.ended = metrics.counter("mcp_broker_streams_ended_total")
-        self.sent = metrics.counter("mcp_broker_notifications_sent_total")
+    def __init__(self, metrics: Metrics, era: str) -> None:
+        self._metrics = metrics
+        self.era = era
+        self.open = metrics.gauge("mcp_broker_streams_open", era=era)
+        self.sent = metrics.counter("mcp_broker_notifications_sent_total", era=era)
+        self.resyncs = metrics.counter("mcp_broker_gap_resyncs_total", era=era)
         self.replayed = metrics.counter("mcp_broker_frames_replayed_total")
-        self.resyncs = metrics.counter("mcp_broker_gap_resyncs_total")
         self.takeovers = metrics.counter("mcp_broker_stream_takeovers_total")
         self.restored = metrics.counter("mcp_broker_sessions_restored_total")
+
+    def ended(self, reason: EndReason) -> None:
+        """A stream ended (off the hot path: the instrument is looked up now)."""
+        self.open.dec()
+        self._metrics.counter("mcp_broker_streams_ended_total", era=self.era, reason=reason.value).inc()
 
 
 class Stream:

@@ -7,7 +7,7 @@ backend; the hot path never builds a JSON string twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 import orjson
 
@@ -48,6 +48,7 @@ SERVICE_UNAVAILABLE: Final = -31000
 NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
 
 Id = str | int
+MessageKind = Literal["request", "notification", "response"]
 
 
 class RpcError(Exception):
@@ -80,7 +81,7 @@ class RpcError(Exception):
 class Message:
     """One parsed JSON-RPC message. ``kind`` is ``request``, ``notification`` or ``response``."""
 
-    kind: str
+    kind: MessageKind
     method: str | None
     id: Id | None
     params: dict[str, Any]

@@ -130,6 +130,10 @@ class McpEndpoint:
 
     async def post_legacy(self, request: Request, principal: Principal, obj: Any) -> Response:
         if isinstance(obj, list):
+            try:
+                self.dispatcher.check_batch(obj)  # before the session: a refused batch touches nothing
+            except rpc.RpcError as exc:
+                return rpc_error(exc)
             call = Call(principal, False, await self._session(request, principal))
             try:
                 body = await self.dispatcher.batch(call, obj)

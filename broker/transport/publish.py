@@ -1,14 +1,15 @@
 """``POST /changes``: the publish path, served without FastAPI's request machinery.
 
-A publisher may call this thousands of times a second, so it is a plain ASGI endpoint:
-measured on this machine, FastAPI's routing, dependency solving and middleware cost more
-than the publish itself (a sync dependency even hopped to a thread for every request).
-Origin and authentication were checked at the edge. Errors keep the REST API's shape:
-``{"detail": "..."}`` with 400, 401, 403 (a foreign ``Origin``, or a record URI of another
-tenant), 405, 413, 422, 429 (the tenant has ``changelog_tenant_max`` changes not yet
+A publisher may call this thousands of times a second, so it is a plain ASGI endpoint: measured
+on this machine, FastAPI's routing, dependency solving and middleware cost more than the publish
+itself (a sync dependency even hopped to a thread for every request). Origin, method (405 for
+anything but POST) and authentication were checked at the edge. Errors keep the REST API's
+shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign ``Origin``, or a record URI of
+another tenant), 405, 413, 422, 429 (the tenant has ``changelog_tenant_max`` changes not yet
 delivered) or 503 (the backend is unreachable, or the change log is full). A 202 means every
 change of the request passed ``ChangeRules`` and is in the change log; one refused change
-refuses the request, and none of it is published (a 429 or 503 from the change log's bounds too).
+refuses the request, and none of it is published (a 429 or 503 from the change log's bounds
+too).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ class ChangesEndpoint:
         await response(scope, receive, send)
 
     async def respond(self, request: Request) -> Response:
-        if request.method != "POST":
-            return detail(405, "Method Not Allowed", {"Allow": "POST"})
         tenant = principal_of(request.scope).tenant
         try:
             items = await read_json(request, self.max_body_bytes)

@@ -19,12 +19,11 @@ from broker.config import Settings
 from broker.errors import LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
 from broker.health import Health
 from broker.resources.records import InvalidRecord, Records, RecordTooLarge
-from broker.transport.edge import BadBody, principal_of, read_json
-from broker.uris import collection_uri, record_uri
+from broker.transport.edge import PRINCIPAL, BadBody, principal_of, read_json
+from broker.uris import NAME_PATTERN, collection_uri, record_uri, valid_name
 
 __all__ = ["build_router"]
 
-NAME_PATTERN = r"^[A-Za-z0-9_.~-]{1,128}$"
 Name = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 
@@ -41,6 +40,8 @@ def build_router(settings: Settings, records: Records, health: Health) -> APIRou
     router = APIRouter()
 
     async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
+        if PRINCIPAL not in request.scope:  # a route the edge did not take for the API's: never served anonymously
+            raise HTTPException(401, "credentials are required", headers={"WWW-Authenticate": "Bearer"})
         return principal_of(request.scope)
 
     Caller = Annotated[Principal, Depends(principal)]
@@ -57,7 +58,7 @@ def build_router(settings: Settings, records: Records, health: Health) -> APIRou
                              headers={"Retry-After": str(exc.retry_after)})
 
     def dot_only(*names: str) -> None:
-        if any(name.strip(".") == "" for name in names):
+        if not all(valid_name(name) for name in names):  # the pattern passed: what is left is dot-only
             raise HTTPException(422, "names may not consist of dots only")
 
     @router.get("/healthz")

@@ -136,18 +136,28 @@ class StdioServer:
     # -- legacy -----------------------------------------------------------------------------
     async def legacy(self, msg: Message) -> bytes | None:
         """The reply to a legacy message, with an outage answered in-band rather than ending the process."""
+        call = Call(self.principal, False, self.session)
         try:
-            if msg.method == "initialize" and msg.is_request:
+            if not msg.is_request:
+                await self.dispatcher.notify(call, msg)
+                if msg.method == "notifications/initialized":
+                    self.start_stream()
+                return None
+            if msg.method == "initialize":
                 return await self.initialize(msg)
-            reply = await self.dispatcher.legacy(Call(self.principal, False, self.session), msg)
+            assert msg.id is not None  # a request has one
+            try:
+                result = await self.dispatcher.call(call, msg)
+            except rpc.RpcError as exc:
+                return rpc.encode_error(msg.id, exc)
         except BackendUnavailable:
             if not msg.is_request:
                 logger.warning("backend unavailable: %s dropped", msg.method)
                 return None
             return rpc.encode_error(msg.id, unavailable())
-        if msg.method in ("notifications/initialized", "resources/subscribe"):
-            self.start_stream()
-        return reply
+        if msg.method == "resources/subscribe":
+            self.start_stream()  # the session now watches something: its frames flow from the inbox
+        return rpc.encode_result(msg.id, result)
 
     async def initialize(self, msg: Message) -> bytes:
         if self.session is not None:

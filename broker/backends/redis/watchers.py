@@ -52,7 +52,7 @@ class Watchers:
 
     def wake_all(self) -> None:
         """Every watched stream re-reads its inbox (wake-ups may have been lost, e.g. during a reconnect)."""
-        for session_id in self._handlers.keys():
+        for session_id in self._handlers.snapshot():
             self._handlers.call(session_id, Wake("frames", 0))
 
     def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
