@@ -1,11 +1,13 @@
 """The ASGI application: ``/mcp``, ``POST /changes``, the REST API and health, around one Broker.
 
-Every HTTP request passes the same checks once, in order, before its route: the ``Host``
-(421), the ``Origin`` and the caller's credentials (``transport/edge.py``: 403, 401). Then the
-route table sends it on. The two hot paths, ``/mcp`` (every SSE frame passes through its
-``send``) and ``/changes`` (every publish), are served directly: FastAPI's middleware stack
-wraps ``send`` three times and its routing and dependency solving cost more per request than
-the broker's own work there. Everything else, lifespan included, is the FastAPI app.
+Every HTTP request passes the same checks once, in order, before its route: the ``Host`` (421;
+not for the probes and ``/metrics``), a CORS preflight (answered here), the route's methods
+(405), the ``Origin`` and the caller's credentials (``transport/edge.py``: 403, 401). Then the
+route table sends it on, and every answer is counted by route and status. The two hot paths,
+``/mcp`` (every SSE frame passes through its ``send``) and ``/changes`` (every publish), are
+served directly: FastAPI's middleware stack wraps ``send`` three times and its routing and
+dependency solving cost more per request than the broker's own work there; so are the probes.
+Everything else, lifespan included, is the FastAPI app.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from typing import Final
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker import logs
 from broker.config import Settings
 from broker.errors import BackendUnavailable
+from broker.metrics import Counter
 from broker.runtime import Broker
 from broker.transport.edge import Edge, Style, refusal
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
+from broker.transport.ops import Livez, MetricsEndpoint, Readyz
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
 
@@ -53,10 +59,16 @@ CHANGES: Final = Route(Style.REST, authenticate=True, methods=frozenset({"POST"}
 API_PREFIX: Final = "/collections"
 _API: Final = Route(Style.REST, authenticate=True)
 _PUBLIC: Final = Route(Style.REST, authenticate=False)
+_PROBE: Final = Route(Style.REST, authenticate=False, methods=frozenset({"GET", "HEAD"}))
+#: Answered whatever the ``Host``: a kubelet or a scraper names the pod's address, and none of
+#: them carries a tenant's data (``/metrics`` shows tenant names only when configured to).
+_ANY_HOST: Final = frozenset({"/livez", "/readyz", "/metrics"})
+#: Statuses that mean a request was refused, logged at a bounded rate (``broker.logs.rejected``).
+_REFUSED: Final = frozenset({400, 401, 403, 404, 405, 408, 413, 415, 421, 422, 429, 431})
 
 
 class BrokerApp:
-    """The edge checks, then ``/mcp`` and ``/changes`` straight to their endpoints, the rest to FastAPI."""
+    """The edge checks, then ``/mcp``, ``/changes`` and the probes straight to their endpoints, the rest to FastAPI."""
 
     def __init__(self, broker: Broker, api: FastAPI) -> None:
         settings = broker.settings
@@ -64,11 +76,18 @@ class BrokerApp:
         self.api = api
         self.hosts = HostPolicy(settings.allowed_hosts, settings.host)
         self.edge = Edge(settings.allowed_origins, broker.authenticator)
+        self.metrics = broker.metrics
+        self._answers: dict[tuple[str, int], Counter] = {}
         self._warned_host = False
         self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms)
-        #: Served directly, each with its edge policy; ``/mcp`` is run below, in this frame.
-        self._direct: dict[str, tuple[ASGIApp, Route]] = {
-            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), CHANGES),
+        render = getattr(broker.metrics, "render", None) if settings.metrics else None
+        #: Served directly, each with its name (for the counters) and edge policy; ``/mcp`` is run
+        #: below, in this frame.
+        self._direct: dict[str, tuple[ASGIApp, str, Route]] = {
+            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), "changes", CHANGES),
+            "/livez": (Livez(), "livez", _PROBE),
+            "/readyz": (Readyz(broker.health), "readyz", _PROBE),
+            "/metrics": (MetricsEndpoint(render), "metrics", _PROBE),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,32 +102,76 @@ class BrokerApp:
         # through stays suspended for as long as the stream is open.
         try:
             direct = self._direct.get(path)
-            route = MCP if path == "/mcp" else direct[1] if direct is not None else (
-                _API if path == API_PREFIX or path.startswith(API_PREFIX + "/") else _PUBLIC)
-            if not self.hosts.any and not self.hosts.allows(host := _header(scope, b"host")):
-                self._warn_host(host)
-                await refusal(route.style, 421, "Misdirected Request: Host not allowed" if route.style is Style.RPC
-                              else "Host not allowed")(scope, receive, send)
-                return
-            if route.methods is not None and scope["method"] not in route.methods:
-                allowed = ", ".join(sorted(route.methods))
-                await refusal(route.style, 405, "Method Not Allowed", {"Allow": allowed})(scope, receive, send)
-                return
-            refused = await self.edge.admit(scope, route.style, authenticate=route.authenticate)
+            if path == "/mcp":
+                name, route = "mcp", MCP
+            elif direct is not None:
+                name, route = direct[1], direct[2]
+            elif path == API_PREFIX or path.startswith(API_PREFIX + "/"):
+                name, route = "api", _API
+            else:
+                name, route = ("healthz" if path == "/healthz" else "other"), _PUBLIC
+            origin = _header(scope, b"origin")
+            refused = self._refuse(scope, path, route, origin)
+            if refused is None:
+                refused = await self.edge.admit(scope, route.style, authenticate=route.authenticate)
             if refused is not None:
+                self._answered(name, refused.status_code)
                 await refused(scope, receive, send)
             elif path == "/mcp":
                 # Run here rather than in McpEndpoint.__call__: one frame fewer stays suspended for
                 # as long as a GET stream is open (about 280 bytes each).
                 response = await self.mcp.respond(scope, receive)
+                if isinstance(response, Response):
+                    self._answered(name, response.status_code)
+                    if origin is not None:
+                        response.raw_headers += self.edge.cors_headers(origin)
+                else:  # a stream: its headers are sent once, nothing is added per frame
+                    self._answered(name, 200)
+                    if origin is not None:
+                        response.headers = response.headers + self.edge.cors_headers(origin)
                 await response(scope, receive, send)
             elif direct is not None:
-                await direct[0](scope, receive, send)
+                await direct[0](scope, receive, self._counted(send, name, origin))
             else:
-                await self.api(scope, receive, _with_safe_headers(send))
+                await self.api(scope, receive, self._counted(send, name, origin, safe=True))
         except ClientDisconnect:
             # A client that leaves before its body is read is no error of the server's: no traceback.
             logger.debug("%s %s: the client left before its request body was read", scope["method"], path)
+
+    def _refuse(self, scope: Scope, path: str, route: Route, origin: str | None) -> Response | None:
+        """The checks before credentials: the ``Host``, a CORS preflight, the route's methods."""
+        if path not in _ANY_HOST and not self.hosts.any and not self.hosts.allows(host := _header(scope, b"host")):
+            self._warn_host(host)
+            return refusal(route.style, 421, "Misdirected Request: Host not allowed" if route.style is Style.RPC
+                           else "Host not allowed")
+        if scope["method"] == "OPTIONS" and origin is not None:
+            return self.edge.preflight(origin, _header(scope, b"access-control-request-headers"))
+        if route.methods is not None and scope["method"] not in route.methods:
+            return refusal(route.style, 405, "Method Not Allowed", {"Allow": ", ".join(sorted(route.methods))})
+        return None
+
+    def _answered(self, route: str, status: int) -> None:
+        counter = self._answers.get((route, status))
+        if counter is None:
+            counter = self._answers[(route, status)] = self.metrics.counter(
+                "mcp_broker_http_answers_total", route=route, status=str(status))
+        counter.inc()
+        if status in _REFUSED:
+            logs.rejected(route, status)
+
+    def _counted(self, send: Send, route: str, origin: str | None, *, safe: bool = False) -> Send:
+        """``send`` counting the answer's status (and, for FastAPI's answers, adding ``NO_SNIFF_NO_STORE``;
+        for a browser's, the CORS headers)."""
+        extra = [*(NO_SNIFF_NO_STORE if safe else ()), *(self.edge.cors_headers(origin) if origin is not None else ())]
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._answered(route, message["status"])
+                if extra:
+                    message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        return wrapped
 
     def _warn_host(self, host: str | None) -> None:
         if not self._warned_host:
@@ -116,17 +179,6 @@ class BrokerApp:
             logger.warning("answering 421 to Host %r, a name this server does not answer to: see "
                            "MCP_BROKER_ALLOWED_HOSTS (unset, only loopback names are allowed while "
                            "MCP_BROKER_HOST is a loopback address; it is %s)", host, self.settings.host)
-
-
-def _with_safe_headers(send: Send) -> Send:
-    """``send`` adding ``NO_SNIFF_NO_STORE`` to whatever FastAPI answers (routes, 404, 405, 422, handlers)."""
-
-    async def wrapped(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message.get("headers", ()), *NO_SNIFF_NO_STORE]
-        await send(message)
-
-    return wrapped
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -149,8 +201,10 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
             await broker.stop()
 
     # No trailing-slash redirects: Starlette builds their Location from the request's Host.
+    docs = broker.settings.docs
     api = FastAPI(title="mcp-broker", version=broker.server_info["version"], lifespan=lifespan,
-                  redirect_slashes=False)
+                  redirect_slashes=False, docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     api.state.broker = broker
     api.include_router(build_router(broker.settings, broker.records, broker.health))
 

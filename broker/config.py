@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -176,6 +177,24 @@ class Settings(BaseSettings):
     #: worker running it renews it every third of this; one that stops renewing (it died, or
     #: lost the backend) stops the source, and another worker takes it over after this long.
     source_lease_ms: int = Field(default=5000, ge=100, le=600_000)
+
+    # -- operations (docs/OPERATIONS.md) --------------------------------------------------------
+    #: Serve Prometheus metrics on ``/metrics`` (every worker of ``serve --workers N`` in one scrape).
+    metrics: bool = True
+    #: Tenants that get labels of their own in the per-tenant metrics; the rest count as ``other``.
+    #: 0 (the default) leaves tenants out of the metrics: their names are visible to whoever can
+    #: reach ``/metrics``, which asks for no credentials.
+    metrics_tenant_limit: int = Field(default=0, ge=0, le=10_000)
+    #: Seconds between SIGTERM and the end of the streams: ``/readyz`` answers 503 from the first
+    #: moment, so a load balancer or Kubernetes stops sending new work before anything is cut.
+    readiness_delay: float = Field(default=0.0, ge=0, le=300)
+    #: Seconds a stopping worker waits for its open requests after the drain before it closes them.
+    graceful_timeout: float = Field(default=10.0, gt=0, le=3600)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    #: ``text`` (readable) or ``json`` (one object a line, for a log pipeline).
+    log_format: Literal["text", "json"] = "text"
+    #: Serve FastAPI's ``/docs`` and ``/openapi.json`` (off: they describe the API to anyone).
+    docs: bool = False
 
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False

@@ -17,11 +17,16 @@ class Health:
     def __init__(self, ping: Callable[[], Awaitable[None]], streams: Streams) -> None:
         self.ping = ping
         self.streams = streams
+        self._draining = False
 
     @property
     def draining(self) -> bool:
-        """The worker is stopping: its streams have ended, new ones end at once."""
-        return self.streams.closing
+        """The worker is stopping (``drain`` was called, or its streams have ended): not ready for more."""
+        return self._draining or self.streams.closing
+
+    def drain(self) -> None:
+        """The worker stops taking new work from now on (SIGTERM): readiness fails first, streams end later."""
+        self._draining = True
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
         """(whether the backend answers, the report)."""

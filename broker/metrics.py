@@ -96,6 +96,8 @@ CATALOG: Final[dict[str, Instrument]] = {
     "mcp_broker_backend_data_losses_total": Instrument(
         "counter", "Times this process found the backend's data lost (a new epoch: Redis restarted empty)"),
     "mcp_broker_sources_running": Instrument("gauge", "Change sources this process runs now", ("source",)),
+    "mcp_broker_http_answers_total": Instrument(
+        "counter", "HTTP answers by route and status (a stream counts when it starts)", ("route", "status")),
 }
 
 

@@ -24,8 +24,8 @@ from broker.errors import BackendUnavailable
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
-__all__ = ["PRINCIPAL", "BadBody", "Edge", "Style", "detail", "json_response", "principal_of", "read_json", "refusal",
-           "rpc_error", "unavailable"]
+__all__ = ["CORS_REQUEST_HEADERS", "PRINCIPAL", "BadBody", "Edge", "Style", "detail", "json_response", "principal_of",
+           "read_json", "refusal", "rpc_error", "unavailable"]
 
 #: Where the edge leaves the request's principal in the ASGI scope.
 PRINCIPAL: Final = "mcp_broker.principal"
@@ -105,12 +105,47 @@ async def read_json(request: Request, limit: int) -> Any:
         raise BadBody(400, f"body is not valid JSON: {exc}") from exc
 
 
+#: What a browser client may send and read across origins: the MCP headers, and what a refusal says.
+CORS_REQUEST_HEADERS: Final = ("authorization", "content-type", "accept", "last-event-id", "mcp-session-id",
+                               "mcp-protocol-version", "mcp-method", "mcp-name")
+CORS_EXPOSED: Final = b"Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate, Retry-After"
+CORS_METHODS: Final = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"
+#: Seconds a browser may keep a preflight's answer.
+CORS_MAX_AGE: Final = b"600"
+
+
 class Edge:
     """The checks every route shares, done once per request."""
 
     def __init__(self, origins: list[str], authenticator: Authenticator) -> None:
         self.origins = OriginPolicy(origins)
         self.authenticator = authenticator
+
+    def cors_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        """What an answer to a browser from an allowed ``origin`` adds, so that page may read it (none otherwise)."""
+        if not self.origins.allows(origin):
+            return []
+        return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+                (b"access-control-expose-headers", CORS_EXPOSED)]
+
+    def preflight(self, origin: str, asked: str | None) -> Response:
+        """The answer to a CORS preflight: 204 with what ``origin`` may send, or 403 for an origin not allowed.
+
+        The request headers a page asks for are granted when they are among ``CORS_REQUEST_HEADERS``;
+        the browser refuses the real request if it needs another.
+        """
+        if not self.origins.allows(origin):
+            return detail(403, "Origin not allowed")
+        wanted = {name.strip().lower() for name in (asked or "").split(",") if name.strip()}
+        granted = [name for name in CORS_REQUEST_HEADERS if name in wanted] or list(CORS_REQUEST_HEADERS)
+        response = Response(status_code=204)
+        response.raw_headers += [
+            (b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+            (b"access-control-allow-methods", CORS_METHODS),
+            (b"access-control-allow-headers", ", ".join(granted).encode()),
+            (b"access-control-max-age", CORS_MAX_AGE),
+        ]
+        return response
 
     async def admit(self, scope: Scope, style: Style, *, authenticate: bool) -> Response | None:
         """None when the request may go on (its principal in the scope), else the refusal to send."""
