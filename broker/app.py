@@ -29,7 +29,7 @@ from broker.config import Settings
 from broker.errors import BackendUnavailable
 from broker.metrics import Counter
 from broker.runtime import Broker
-from broker.transport.edge import Edge, Style, refusal
+from broker.transport.edge import Edge, Style, principal_of, refusal
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
 from broker.transport.ops import Livez, MetricsEndpoint, Readyz
@@ -102,14 +102,7 @@ class BrokerApp:
         # through stays suspended for as long as the stream is open.
         try:
             direct = self._direct.get(path)
-            if path == "/mcp":
-                name, route = "mcp", MCP
-            elif direct is not None:
-                name, route = direct[1], direct[2]
-            elif path == API_PREFIX or path.startswith(API_PREFIX + "/"):
-                name, route = "api", _API
-            else:
-                name, route = ("healthz" if path == "/healthz" else "other"), _PUBLIC
+            name, route = _route(path) if direct is None else (direct[1], direct[2])
             origin = _header(scope, b"origin")
             refused = self._refuse(scope, path, route, origin)
             if refused is None:
@@ -117,7 +110,11 @@ class BrokerApp:
             if refused is not None:
                 self._answered(name, refused.status_code)
                 await refused(scope, receive, send)
-            elif path == "/mcp":
+                return
+            if route.authenticate:  # the lines this request's task logs name whom it serves
+                logs.bind(tenant=principal_of(scope).tenant, session=_header(scope, b"mcp-session-id"),
+                          request=_header(scope, b"x-request-id"))
+            if path == "/mcp":
                 # Run here rather than in McpEndpoint.__call__: one frame fewer stays suspended for
                 # as long as a GET stream is open (about 280 bytes each).
                 response = await self.mcp.respond(scope, receive)
@@ -181,6 +178,15 @@ class BrokerApp:
                            "MCP_BROKER_HOST is a loopback address; it is %s)", host, self.settings.host)
 
 
+def _route(path: str) -> tuple[str, Route]:
+    """The name and edge policy of a path not served directly."""
+    if path == "/mcp":
+        return "mcp", MCP
+    if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
+        return "api", _API
+    return ("healthz" if path == "/healthz" else "other"), _PUBLIC
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -194,6 +200,7 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logger.info(logs.startup_line(broker.settings))
         await broker.start()
         try:
             yield
@@ -216,5 +223,7 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
 
 
 def app_from_env() -> BrokerApp:
-    """Factory for ``uvicorn --factory``: settings from ``MCP_BROKER_*``."""
-    return create_app(Settings())
+    """Factory for ``uvicorn --factory`` (in each worker process): settings from ``MCP_BROKER_*``."""
+    settings = Settings()
+    logs.configure(settings)
+    return create_app(settings)

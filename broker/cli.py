@@ -1,4 +1,9 @@
-"""``mcp-broker``: serve HTTP, serve stdio, run fan-out, publish a change."""
+"""``mcp-broker``: serve HTTP, serve stdio, run fan-out, publish a change.
+
+Every option that has a setting says so in ``--help`` (the ``MCP_BROKER_*`` variable); an
+option given on the command line wins over the variable. A bad setting stops any command with
+one line per bad setting, saying what to write instead, and exit code 2.
+"""
 
 from __future__ import annotations
 
@@ -22,20 +27,27 @@ logger = logging.getLogger(__name__)
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from broker import logs
     from broker.config import Settings
     from broker.server import BrokerServer, run_workers
     from broker.transport.wire import WireLimits, protocol_factory
 
+    # Worker processes read their settings from the environment: the options travel there.
     os.environ["MCP_BROKER_HOST"] = args.host
     os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
-    if problem := _settings_problem():  # --host and --port, as MCP_BROKER_HOST and _PORT, may be bad
-        print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
+    if problems := _settings_problems():  # --host and --port, as MCP_BROKER_HOST and _PORT, may be bad
+        _say_bad(problems)
         return 2
     settings = Settings()
+    logs.configure(settings)
     if (warning := rebinding_warning(settings)) is not None:
         logger.warning(warning)
+    if args.workers > 1:
+        from broker.prometheus import prepare_processes
+
+        prepare_processes(args.workers)
     config = uvicorn.Config(
         "broker.app:app_from_env",
         factory=True,
@@ -44,9 +56,11 @@ def _serve(args: argparse.Namespace) -> int:
         # Header size, head and body deadlines and a connection cap (broker/transport/wire.py).
         http=protocol_factory(WireLimits.from_settings(settings)),
         workers=args.workers,
-        log_level=args.log_level,
+        # Logging is the broker's (broker/logs.py, in every worker): uvicorn's own would print twice.
+        log_config=None,
+        log_level=settings.log_level,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=int(settings.graceful_timeout) or 1,
         timeout_keep_alive=settings.http_keepalive_timeout,
         # Forwarded headers only matter behind a proxy; the broker trusts none by default.
         proxy_headers=False,
@@ -74,94 +88,168 @@ def rebinding_warning(settings: Settings) -> str | None:
 
 
 def _stdio(args: argparse.Namespace) -> int:
+    from broker import logs
+    from broker.config import Settings
     from broker.runtime import Broker
     from broker.transport.stdio import serve_stdio
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
-    asyncio.run(serve_stdio(Broker()))
+    settings = Settings()
+    logs.configure(settings)  # on stderr: stdout is the MCP channel
+    asyncio.run(serve_stdio(Broker(settings)))
     return 0
 
 
 def _fanout(args: argparse.Namespace) -> int:
+    from broker import logs
+    from broker.config import Settings
     from workers.fanout import main as fanout_main
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    settings = Settings()
+    if not settings.redis_url:
+        print("mcp-broker fanout: nothing to fan out: the memory backend lives inside `mcp-broker serve`, which "
+              "fans out itself; set MCP_BROKER_REDIS_URL to the Redis the HTTP workers use", file=sys.stderr)
+        return 2
+    logs.configure(settings)
     return fanout_main(args.consumers)
 
 
 def _publish(args: argparse.Namespace) -> int:
     import orjson
 
-    from broker.backends import create_backend
     from broker.changes import ChangeKind, ChangeRules, InvalidChange
     from broker.config import Settings
-    from broker.errors import PublishRefused
-    from broker.publisher import Publisher
+    from broker.errors import BackendUnavailable, PublishRefused
     from broker.tenants import tenant_problem
 
     problem = tenant_problem(args.tenant) if args.tenant is not None else None
     if problem:
         print(f"mcp-broker publish: {problem}", file=sys.stderr)
         return 2
-
     try:
         meta = orjson.loads(args.meta) if args.meta is not None else None
     except orjson.JSONDecodeError as exc:
         print(f"mcp-broker publish: --meta is not valid JSON: {exc}", file=sys.stderr)
         return 2
-
-    async def run() -> str:
-        # Only the change log and the one publisher: no sessions, streams or fan-out to start.
-        settings = Settings()
-        backend = create_backend(settings)
-        publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
-                              default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max)
-        await backend.start()
-        try:
-            return await publisher.publish(args.uri, ChangeKind(args.kind), tenant=args.tenant, meta=meta,
-                                           source="cli")
-        finally:
-            await backend.close()
-
-    try:
-        print(asyncio.run(run()))
+    settings = Settings()
+    tenant = settings.default_tenant if args.tenant is None else args.tenant
+    try:  # refused here, as POST /changes would refuse it, before anything is sent anywhere
+        change = ChangeRules.from_settings(settings).change(tenant, args.uri, args.kind, meta)
     except InvalidChange as exc:
         print(f"mcp-broker publish: {exc}", file=sys.stderr)
         return 2
+    try:
+        if args.url:
+            print(_publish_over_http(args.url, args.key, change.to_wire(), tenant_given=args.tenant is not None))
+            return 0
+        if not settings.redis_url:
+            print("mcp-broker publish: nobody could receive this change: the memory backend lives inside "
+                  "`mcp-broker serve`; give --url http://127.0.0.1:8080 (a running server) or set "
+                  "MCP_BROKER_REDIS_URL to the Redis its workers use", file=sys.stderr)
+            return 2
+        print(asyncio.run(_publish_to_redis(settings, args.uri, ChangeKind(args.kind), tenant, meta)))
     except PublishRefused as exc:
         # Not acknowledged: nothing was appended. EX_TEMPFAIL: try again later.
         print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
         return 75
+    except (BackendUnavailable, OSError) as exc:
+        print(f"mcp-broker publish: not published, the broker could not be reached: {exc}", file=sys.stderr)
+        return 75
+    except _Refused as exc:
+        print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
+        return exc.code
     return 0
 
 
-def _settings_problem() -> str | None:
-    """One line naming what is wrong with the ``MCP_BROKER_*`` settings, or None."""
+class _Refused(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _publish_over_http(url: str, key: str | None, change: dict[str, Any], *, tenant_given: bool) -> str:
+    """``POST /changes`` on a running server; the change's id. Raises ``_Refused`` with the server's reason."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if tenant_given:
+        raise _Refused("--tenant is the API key's over --url: the server publishes for the tenant of the key", 2)
+    body = {"uri": change["u"], "kind": change["k"], **({"meta": change["m"]} if "m" in change else {})}
+    request = urllib.request.Request(url.rstrip("/") + "/changes", data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json",
+                                              **({"authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return str(json.loads(answer.read())["ids"][0])
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail", "")
+        except ValueError:
+            detail = ""
+        raise _Refused(f"{exc.code} {detail}".strip(), 75 if exc.code in (429, 503) else 2) from exc
+
+
+async def _publish_to_redis(settings: Settings, uri: str, kind: Any, tenant: str, meta: dict[str, Any] | None) -> str:
+    # Only the change log and the one publisher: no sessions, streams or fan-out to start.
+    from broker.backends import create_backend
+    from broker.changes import ChangeRules
+    from broker.publisher import Publisher
+
+    backend = create_backend(settings)
+    publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
+                          default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max)
+    await backend.start()
+    try:
+        return await publisher.publish(uri, kind, tenant=tenant, meta=meta, source="cli")
+    finally:
+        await backend.close()
+
+
+def _say_bad(problems: list[str]) -> None:
+    for problem in problems:
+        print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
+
+
+def _settings_problems() -> list[str]:
+    """One line for each thing wrong with the ``MCP_BROKER_*`` settings (none when they are right)."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     from broker.config import Settings
 
     known = {"MCP_BROKER_" + name.upper() for name in Settings.model_fields}
+    problems: list[str] = []
     for name in sorted(os.environ):
         if name.startswith("MCP_BROKER_") and name not in known:
             # Ignored silently, a misspelled MCP_BROKER_REDIS_URL started a worker on its own
             # in-memory backend, with nothing saying so.
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
-            return f"{name} is not a setting{hint}"
+            problems.append(f"{name} is not a setting{hint}")
+    if problems:
+        return problems
     try:
         Settings()
     except ValidationError as exc:
-        error = exc.errors()[0]
-        name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
-        message = str(error["msg"]).removeprefix("Value error, ")
-        return message if message.startswith("MCP_BROKER_") else f"{name}: {message}"
+        for error in exc.errors():
+            name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(message if message.startswith("MCP_BROKER_") else f"{name}: {message}")
     except SettingsError as exc:  # a value that is not the JSON its setting needs
         field = re.search(r'field "([a-z_]+)"', str(exc))
         name = "MCP_BROKER_" + field.group(1).upper() if field else "a setting"
-        return f"{name}: not valid JSON; write a JSON value of the setting's type (see README, Configuration)"
-    return None
+        example = _JSON_EXAMPLES.get(name, "")
+        problems.append(f"{name}: not valid JSON; write a JSON value of the setting's type{example} "
+                        "(see README, Configuration)")
+    return problems
+
+
+#: What a JSON setting looks like, for the line that says one is not JSON.
+_JSON_EXAMPLES = {
+    "MCP_BROKER_API_KEYS": ', e.g. \'{"k3y": "acme/alice"}\'',
+    "MCP_BROKER_ALLOWED_ORIGINS": ', e.g. \'["https://app.example.com"]\'',
+    "MCP_BROKER_ALLOWED_HOSTS": ', e.g. \'["broker.example.com"]\'',
+}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -171,42 +259,65 @@ def _env_int(name: str, default: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcp-broker", description=__doc__)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from broker import __version__
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="mcp-broker", description=__doc__.splitlines()[0], formatter_class=formatter)
+    parser.add_argument("--version", action="version", version=f"mcp-broker {__version__}")
+    parser.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                        help="the broker's log level (env MCP_BROKER_LOG_LEVEL, default info)")
+    parser.add_argument("--log-format", default=None, choices=["text", "json"],
+                        help="text, or one JSON object a line (env MCP_BROKER_LOG_FORMAT, default text)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="serve MCP over Streamable HTTP on /mcp, plus the REST API")
-    serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=_env_int("MCP_BROKER_PORT", 8080))
+    serve = sub.add_parser("serve", help="serve MCP over Streamable HTTP on /mcp, plus the REST API",
+                           formatter_class=formatter)
+    serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"),
+                       help="address to listen on (env MCP_BROKER_HOST)")
+    serve.add_argument("--port", type=int, default=_env_int("MCP_BROKER_PORT", 8080),
+                       help="port to listen on (env MCP_BROKER_PORT)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (Redis backend)")
-    serve.add_argument("--demo", action="store_true", help="create a demo collection whose record changes")
+    serve.add_argument("--demo", action="store_true",
+                       help="create a demo collection whose record changes (env MCP_BROKER_DEMO)")
     serve.set_defaults(func=_serve)
 
-    stdio = sub.add_parser("stdio", help="serve one MCP client on stdin/stdout")
+    stdio = sub.add_parser("stdio", help="serve one MCP client on stdin/stdout", formatter_class=formatter)
     stdio.set_defaults(func=_stdio)
 
     fanout = sub.add_parser(
-        "fanout", help="run fan-out consumers only (set MCP_BROKER_EMBEDDED_FANOUT=false on HTTP workers)")
-    fanout.add_argument("--consumers", type=int, default=1)
+        "fanout", help="run fan-out consumers only (Redis; set MCP_BROKER_EMBEDDED_FANOUT=false on HTTP workers)",
+        formatter_class=formatter)
+    fanout.add_argument("--consumers", type=int, default=1, help="consumers in this process")
     fanout.set_defaults(func=_fanout)
 
-    publish = sub.add_parser("publish", help="publish a change for a URI")
+    publish = sub.add_parser("publish", help="publish a change for a URI, to a running server or to Redis",
+                             formatter_class=formatter)
     publish.add_argument("uri")
     publish.add_argument("--kind", default="updated", choices=["updated", "created", "deleted"])
-    publish.add_argument("--tenant", default=None)
+    publish.add_argument("--tenant", default=None,
+                         help="the tenant to publish for, straight into Redis (default: MCP_BROKER_DEFAULT_TENANT)")
     publish.add_argument("--meta", default=None, help="a JSON object for the notification's params._meta")
+    publish.add_argument("--url", default=None,
+                         help="a running server to publish through (POST /changes), e.g. http://127.0.0.1:8080")
+    publish.add_argument("--key", default=None, help="an API key for --url (Authorization: Bearer)")
     publish.set_defaults(func=_publish)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args: Any = build_parser().parse_args(argv)
-    problem = _settings_problem()
-    if problem:
-        print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
+    # The options that are settings go where every process of the command reads them: the environment.
+    if args.log_level is not None:
+        os.environ["MCP_BROKER_LOG_LEVEL"] = args.log_level
+    if args.log_format is not None:
+        os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
+    problems = _settings_problems()
+    if problems:
+        _say_bad(problems)
         return 2
     if args.command == "serve" and args.workers > 1 and not os.environ.get("MCP_BROKER_REDIS_URL"):
-        print("--workers > 1 needs MCP_BROKER_REDIS_URL: the memory backend lives in one process", file=sys.stderr)
+        print("mcp-broker: --workers > 1 needs MCP_BROKER_REDIS_URL: the memory backend lives in one process",
+              file=sys.stderr)
         return 2
     return int(args.func(args))
 

@@ -232,7 +232,12 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_key_bindings(cls, value: dict[str, str]) -> dict[str, str]:
         for binding in value.values():
-            problem = tenant_problem(binding.partition("/")[0])
+            tenant, slash, subject = binding.partition("/")
+            if not slash or not subject:
+                # "alice" alone used to become a tenant named alice: say which part is missing.
+                raise ValueError(f'MCP_BROKER_API_KEYS: the binding {binding!r} names no subject; write '
+                                 f'{{"<key>": "<tenant>/<subject>"}}, e.g. {{"k3y": "acme/{binding or "alice"}"}}')
+            problem = tenant_problem(tenant)
             if problem:
                 raise ValueError(f'MCP_BROKER_API_KEYS: {problem}; write {{"<key>": "<tenant>/<subject>"}}')
         return value

@@ -25,7 +25,7 @@ from typing import Any, Final
 from broker import __version__
 from broker.config import Settings
 
-__all__ = ["REJECTED_EVERY", "JsonFormatter", "configure", "context", "rejected", "startup_line"]
+__all__ = ["REJECTED_EVERY", "JsonFormatter", "bind", "configure", "context", "rejected", "startup_line"]
 
 logger = logging.getLogger("broker.requests")
 
@@ -33,7 +33,13 @@ logger = logging.getLogger("broker.requests")
 REJECTED_EVERY: Final = 10.0
 #: The request being served: tenant, session, request id (absent keys are left out of JSON lines).
 _CONTEXT: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("mcp_broker_log", default=None)
+_HANDLER: Final = "mcp-broker"
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]%(context)s %(message)s"
+
+
+def bind(**fields: str | None) -> None:
+    """Name the request this task serves in every line it logs from now on (each request has its task)."""
+    _CONTEXT.set({k: v for k, v in fields.items() if v})
 
 
 @contextmanager
@@ -80,16 +86,20 @@ def configure(settings: Settings, *, level: str | None = None, fmt: str | None =
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    handler.set_name(_HANDLER)
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if old.get_name() == _HANDLER:  # configured again (a worker, a test): replace ours, keep others'
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel((level or settings.log_level).upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    for name in ("uvicorn", "uvicorn.error"):
         # uvicorn's own handlers would print a second, differently formatted copy of each line.
         uvicorn_logger = logging.getLogger(name)
         uvicorn_logger.handlers.clear()
         uvicorn_logger.propagate = True
+    # No line per request: refusals are logged (``rejected``), and answers are counted in the metrics.
+    logging.getLogger("uvicorn.access").disabled = True
 
 
 _refused: dict[tuple[str, int], tuple[float, int]] = {}

@@ -1,8 +1,11 @@
 """uvicorn's Server, taught to end the broker's streams before it waits for connections to close.
 
 uvicorn waits for every open response to finish before it runs the lifespan shutdown, and
-an SSE stream never finishes on its own. So on SIGTERM the broker's streams are ended first:
-legacy streams get ``retry:`` and listens their ``complete`` result, then uvicorn drains.
+an SSE stream never finishes on its own. So on SIGTERM: ``/readyz`` answers 503 at once, and
+for ``MCP_BROKER_READINESS_DELAY`` seconds the worker serves as before while a balancer or
+Kubernetes takes it out of rotation; then the broker's streams are ended (legacy streams get
+``retry:`` and listens their ``complete`` result), then uvicorn drains, giving open requests
+``MCP_BROKER_GRACEFUL_TIMEOUT`` seconds.
 
 Behind a load balancer that keeps connections to the workers open (nginx's upstream
 ``keepalive``), the side that closes an idle connection must be the balancer: a request it
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import socket
 
 import uvicorn
@@ -35,6 +39,8 @@ from uvicorn.supervisors import multiprocess
 from broker.runtime import RUNNING
 
 __all__ = ["BrokerServer", "run_workers"]
+
+logger = logging.getLogger(__name__)
 
 
 class BrokerServer(uvicorn.Server):
@@ -47,14 +53,30 @@ class BrokerServer(uvicorn.Server):
             gc.set_threshold(*thresholds[0])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = max((b.settings.shutdown_drain for b in RUNNING), default=0.0)
+        brokers = list(RUNNING)
+        # Not ready from the first moment: a balancer (or Kubernetes) stops sending new work while
+        # everything still works, for ``readiness_delay`` seconds, before anything is cut.
+        for broker in brokers:
+            broker.health.drain()
+        delay = max((b.settings.readiness_delay for b in brokers), default=0.0)
+        if delay > 0:
+            logger.info("SIGTERM: /readyz answers 503; streams end in %.1fs", delay)
+            await self._wait(delay)
+        drain = max((b.settings.shutdown_drain for b in brokers), default=0.0)
         if drain > 0:
             self._close_after_each_reply()
-        for broker in list(RUNNING):
+        for broker in brokers:
             await broker.end_streams()
         if drain > 0:
             await self._drain(drain)
         await super().shutdown(sockets)
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, unless a second signal asks for an exit now."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(min(0.05, deadline - loop.time()))
 
     def _close_after_each_reply(self) -> None:
         """Refuse new connections, and end every open one after its next response."""

@@ -2,8 +2,10 @@
 
     make run                      # in one shell
     .venv/bin/python examples/watch.py   # in another: prints a line each time the demo clock ticks
+    .venv/bin/python examples/watch.py http://broker.example.com/mcp mcpb://acme/products/42
 
-Pass another URI as the first argument, e.g. ``mcpb://default/products/42``, and change it with
+The first argument is the server's MCP URL (``http://127.0.0.1:8080/mcp`` when none is given),
+the second the URI to watch, e.g. ``mcpb://default/products/42``; change it with
 ``curl -X PUT localhost:8080/collections/products/42 -H 'content-type: application/json' -d '{"price": 3}'``.
 """
 
@@ -19,14 +21,14 @@ from mcp.client.client import Client
 URL = "http://127.0.0.1:8080/mcp"
 
 
-async def main(uri: str) -> None:
+async def main(url: str, uri: str) -> None:
     changed = asyncio.Queue[str]()
 
     async def on_message(message: object) -> None:
         if isinstance(message, types.ResourceUpdatedNotification):
             changed.put_nowait(str(message.params.uri))
 
-    async with Client(URL, mode="legacy", message_handler=on_message) as client:
+    async with Client(url, mode="legacy", message_handler=on_message) as client:
         with warnings.catch_warnings():  # resources/subscribe is deprecated only by the 2026-07-28 era
             warnings.simplefilter("ignore")
             await client.subscribe_resource(uri)
@@ -40,6 +42,7 @@ async def main(uri: str) -> None:
 
 if __name__ == "__main__":
     try:
-        asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "mcpb://default/demo/clock"))
+        args = sys.argv[1:]
+        asyncio.run(main(args[0] if args else URL, args[1] if len(args) > 1 else "mcpb://default/demo/clock"))
     except KeyboardInterrupt:
         pass
