@@ -16,13 +16,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from broker import logs
 from broker.config import Settings
@@ -39,6 +39,12 @@ from broker.transport.rest import build_router
 __all__ = ["BrokerApp", "app_from_env", "create_app"]
 
 logger = logging.getLogger(__name__)
+
+
+class Responder(Protocol):
+    """An endpoint served directly: it builds its response, which the app counts and runs."""
+
+    async def respond(self, scope: Scope, receive: Receive) -> Response: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +87,8 @@ class BrokerApp:
         self._warned_host = False
         self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms)
         render = getattr(broker.metrics, "render", None) if settings.metrics else None
-        #: Served directly, each with its name (for the counters) and edge policy; ``/mcp`` is run
-        #: below, in this frame.
-        self._direct: dict[str, tuple[ASGIApp, str, Route]] = {
+        #: Served directly, each with its name (for the counters) and edge policy.
+        self._direct: dict[str, tuple[Responder, str, Route]] = {
             "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), "changes", CHANGES),
             "/livez": (Livez(), "livez", _PROBE),
             "/readyz": (Readyz(broker.health), "readyz", _PROBE),
@@ -103,41 +108,38 @@ class BrokerApp:
         try:
             direct = self._direct.get(path)
             name, route = _route(path) if direct is None else (direct[1], direct[2])
-            origin = _header(scope, b"origin")
-            refused = self._refuse(scope, path, route, origin)
+            host, origin, session, request_id = _wanted(scope)
+            refused = self._refuse(scope, path, route, host, origin)
             if refused is None:
-                refused = await self.edge.admit(scope, route.style, authenticate=route.authenticate)
+                refused = await self.edge.admit(scope, route.style, origin, authenticate=route.authenticate)
             if refused is not None:
                 self._answered(name, refused.status_code)
                 await refused(scope, receive, send)
                 return
             if route.authenticate:  # the lines this request's task logs name whom it serves
-                logs.bind(tenant=principal_of(scope).tenant, session=_header(scope, b"mcp-session-id"),
-                          request=_header(scope, b"x-request-id"))
-            if path == "/mcp":
-                # Run here rather than in McpEndpoint.__call__: one frame fewer stays suspended for
-                # as long as a GET stream is open (about 280 bytes each).
-                response = await self.mcp.respond(scope, receive)
-                if isinstance(response, Response):
-                    self._answered(name, response.status_code)
-                    if origin is not None:
-                        response.raw_headers += self.edge.cors_headers(origin)
-                else:  # a stream: its headers are sent once, nothing is added per frame
-                    self._answered(name, 200)
-                    if origin is not None:
-                        response.headers = response.headers + self.edge.cors_headers(origin)
-                await response(scope, receive, send)
-            elif direct is not None:
-                await direct[0](scope, receive, self._counted(send, name, origin))
-            else:
-                await self.api(scope, receive, self._counted(send, name, origin, safe=True))
+                logs.bind(tenant=principal_of(scope).tenant, session=session, request=request_id)
+            if direct is None and path != "/mcp":
+                await self.api(scope, receive, self._counted(send, name, origin))
+                return
+            # Run here rather than in the endpoint's __call__: one frame fewer stays suspended for
+            # as long as a GET stream is open (about 280 bytes each).
+            response = await (self.mcp if direct is None else direct[0]).respond(scope, receive)
+            if isinstance(response, Response):
+                self._answered(name, response.status_code)
+                if origin is not None:
+                    response.raw_headers += self.edge.cors_headers(origin)
+            else:  # a stream: its headers are sent once, nothing is added per frame
+                self._answered(name, 200)
+                if origin is not None:
+                    response.headers = response.headers + self.edge.cors_headers(origin)
+            await response(scope, receive, send)
         except ClientDisconnect:
             # A client that leaves before its body is read is no error of the server's: no traceback.
             logger.debug("%s %s: the client left before its request body was read", scope["method"], path)
 
-    def _refuse(self, scope: Scope, path: str, route: Route, origin: str | None) -> Response | None:
+    def _refuse(self, scope: Scope, path: str, route: Route, host: str | None, origin: str | None) -> Response | None:
         """The checks before credentials: the ``Host``, a CORS preflight, the route's methods."""
-        if path not in _ANY_HOST and not self.hosts.any and not self.hosts.allows(host := _header(scope, b"host")):
+        if path not in _ANY_HOST and not self.hosts.any and not self.hosts.allows(host):
             self._warn_host(host)
             return refusal(route.style, 421, "Misdirected Request: Host not allowed" if route.style is Style.RPC
                            else "Host not allowed")
@@ -156,10 +158,10 @@ class BrokerApp:
         if status in _REFUSED:
             logs.rejected(route, status)
 
-    def _counted(self, send: Send, route: str, origin: str | None, *, safe: bool = False) -> Send:
-        """``send`` counting the answer's status (and, for FastAPI's answers, adding ``NO_SNIFF_NO_STORE``;
-        for a browser's, the CORS headers)."""
-        extra = [*(NO_SNIFF_NO_STORE if safe else ()), *(self.edge.cors_headers(origin) if origin is not None else ())]
+    def _counted(self, send: Send, route: str, origin: str | None) -> Send:
+        """``send`` for FastAPI's answers: counting the status, adding ``NO_SNIFF_NO_STORE`` (and, for a
+        browser's, the CORS headers)."""
+        extra = [*NO_SNIFF_NO_STORE, *(self.edge.cors_headers(origin) if origin is not None else ())]
 
         async def wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -185,6 +187,18 @@ def _route(path: str) -> tuple[str, Route]:
     if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
         return "api", _API
     return ("healthz" if path == "/healthz" else "other"), _PUBLIC
+
+
+_WANTED: Final = (b"host", b"origin", b"mcp-session-id", b"x-request-id")
+
+
+def _wanted(scope: Scope) -> tuple[str | None, str | None, str | None, str | None]:
+    """The ``Host``, ``Origin``, ``Mcp-Session-Id`` and ``X-Request-Id`` headers, in one pass over the head."""
+    found: list[str | None] = [None, None, None, None]
+    for key, value in scope["headers"]:
+        if key in _WANTED:
+            found[_WANTED.index(key)] = value.decode("latin-1")
+    return found[0], found[1], found[2], found[3]
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -38,7 +38,7 @@ from broker.backends.types import Frame
 from broker.changes import Change
 from broker.config import Settings
 from broker.errors import BackendUnavailable, raise_if_cancelled
-from broker.metrics import NO_METRICS, Metrics
+from broker.metrics import NO_METRICS, Gauge, Metrics, TenantCounter, TenantLabels
 from broker.notifications import LIST_CHANGED, changes_list, targets, update_frame
 
 __all__ = ["Fanout", "plan"]
@@ -51,6 +51,8 @@ POISON_ATTEMPTS = 3
 POISON_SECONDS = 30.0
 #: Seconds a stopping consumer spends giving up its leases.
 RELEASE_TIMEOUT = 1.0
+#: Seconds between two reports of the change-log lag and the leases held (one backend call each).
+REPORT_INTERVAL = 2.0
 
 def plan(batch: Sequence[tuple[str, Change]]) -> tuple[dict[str, dict[str, tuple[str, Change]]], dict[str, str]]:
     """Per tenant, the URIs to notify, each with the newest change behind it (and its id), and
@@ -86,7 +88,7 @@ class Fanout:
     """
 
     def __init__(self, settings: Settings, backend: Backend, name: str | None = None, *,
-                 metrics: Metrics = NO_METRICS) -> None:
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
         self.settings = settings
         self.changelog = backend.changelog
         self.subscriptions = backend.subscriptions
@@ -98,6 +100,12 @@ class Fanout:
         self._frames = metrics.counter("mcp_broker_fanout_frames_total")
         self._batch_seconds = metrics.histogram("mcp_broker_fanout_batch_seconds")
         self._dropped = metrics.counter("mcp_broker_fanout_dropped_batches_total")
+        self._tenant_frames = TenantCounter(metrics, "mcp_broker_tenant_frames_total",
+                                            tenant_labels or TenantLabels(settings.metrics_tenant_limit))
+        self._metrics = metrics
+        self._leases = metrics.gauge("mcp_broker_fanout_leases_held")
+        #: Per partition reported, its lag gauges (entries, seconds).
+        self._lag: dict[int, tuple[Gauge, Gauge]] = {}
 
     async def process(self, batch: Sequence[tuple[str, Change]]) -> None:
         if not batch:
@@ -110,13 +118,19 @@ class Fanout:
         found: dict[str, dict[str, list[str]]] = {}
         for tenant, by_uri in updates.items():
             subscribers = found[tenant] = await self.subscriptions.subscribers(tenant, list(by_uri))
+            before = len(frames)
             for uri, sids in subscribers.items():
                 change_id, change = by_uri[uri]
                 frame = update_frame(uri, change.meta, change_id)
                 frames.extend((sid, frame) for sid in sids)
+            if len(frames) > before:
+                self._tenant_frames.inc(tenant, len(frames) - before)
         for tenant, change_id in listed.items():
             frame = replace(LIST_CHANGED, change=change_id)
+            before = len(frames)
             frames.extend((sid, frame) for sid in await self.subscriptions.tenant_sessions(tenant))
+            if len(frames) > before:
+                self._tenant_frames.inc(tenant, len(frames) - before)
         gone = set(await self.inboxes.append(frames)) if frames else set()
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does that).
@@ -138,9 +152,14 @@ class Fanout:
         over at once instead of after ``fanout_claim_idle_ms`` (a rolling restart would stall
         fan-out that long otherwise).
         """
+        reporter = None
+        if self._metrics is not NO_METRICS:
+            reporter = asyncio.create_task(self._report(), name="fanout-metrics")
         try:
             await self._consume()
         finally:
+            if reporter is not None:
+                reporter.cancel()
             try:
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     await self.changelog.release(self.name)
@@ -148,6 +167,39 @@ class Fanout:
                 pass  # the leases lapse by themselves
             except Exception:  # must not replace the CancelledError that is ending the task
                 logger.exception("fan-out could not give up its leases; they lapse by themselves")
+            self._reported({})
+
+    async def _report(self) -> None:
+        """Every ``REPORT_INTERVAL`` seconds: the partitions this consumer holds and each one's lag.
+
+        Off the hot path: one backend call per interval, asked of the change log, which knows its
+        partitions (``lag``; a change log without it reports nothing).
+        """
+        lag_of = getattr(self.changelog, "lag", None)
+        if lag_of is None:
+            return
+        while True:
+            try:
+                self._reported(await lag_of(self.name))
+            except BackendUnavailable:
+                pass  # the figures stay as last seen; fan-out logs the outage
+            except Exception:  # the task's boundary: the next round must still run
+                raise_if_cancelled()
+                logger.exception("could not report the change-log lag")
+            await asyncio.sleep(REPORT_INTERVAL)
+
+    def _reported(self, lag: dict[int, tuple[int, float]]) -> None:
+        """Set the gauges: ``lag`` per partition held; a partition no longer held reports 0, so the
+        holder's figure is the largest of the deployment (``prometheus.GAUGE_MODES``)."""
+        self._leases.set(len(lag))
+        for partition in lag.keys() - self._lag.keys():
+            self._lag[partition] = (
+                self._metrics.gauge("mcp_broker_changelog_lag_entries", partition=str(partition)),
+                self._metrics.gauge("mcp_broker_changelog_lag_seconds", partition=str(partition)))
+        for partition, (entries, seconds) in self._lag.items():
+            figures = lag.get(partition, (0, 0.0))
+            entries.set(figures[0])
+            seconds.set(figures[1])
 
     async def _process_to_the_end(self, batch: Sequence[tuple[str, Change]]) -> None:
         """``process``, which a shutdown (a cancellation) lets finish for ``fanout_stop_timeout``.

@@ -24,12 +24,16 @@ from typing import Final, Literal, Protocol
 __all__ = [
     "CATALOG",
     "NO_METRICS",
+    "OTHER_TENANTS",
     "Counter",
     "Gauge",
     "Histogram",
     "Instrument",
     "Metrics",
     "NoMetrics",
+    "TenantCounter",
+    "TenantLabels",
+    "accepted_at",
 ]
 
 
@@ -79,7 +83,7 @@ CATALOG: Final[dict[str, Instrument]] = {
     "mcp_broker_fanout_dropped_batches_total": Instrument(
         "counter", "Batches fan-out dropped after failing repeatedly"),
     "mcp_broker_notifications_sent_total": Instrument(
-        "counter", "Notifications written to clients, by era", ("era",)),
+        "counter", "Notifications written to clients, by era and kind (updated, list_changed)", ("era", "kind")),
     "mcp_broker_frames_replayed_total": Instrument(
         "counter", "Frames a legacy stream read back from its inbox rather than from a wake-up"),
     "mcp_broker_gap_resyncs_total": Instrument(
@@ -96,6 +100,26 @@ CATALOG: Final[dict[str, Instrument]] = {
     "mcp_broker_backend_data_losses_total": Instrument(
         "counter", "Times this process found the backend's data lost (a new epoch: Redis restarted empty)"),
     "mcp_broker_sources_running": Instrument("gauge", "Change sources this process runs now", ("source",)),
+    "mcp_broker_sessions_open": Instrument(
+        "gauge", "Live legacy sessions of the deployment, as this worker last counted them"),
+    "mcp_broker_publish_to_frame_seconds": Instrument(
+        "histogram", "From a change's acceptance into the change log to its frame's write to a client, by era",
+        ("era",)),
+    "mcp_broker_changelog_lag_entries": Instrument(
+        "gauge", "Changes of a change-log partition not yet fanned out", ("partition",)),
+    "mcp_broker_changelog_lag_seconds": Instrument(
+        "gauge", "Age of the oldest change of a partition not yet fanned out", ("partition",)),
+    "mcp_broker_changelog_trimmed_total": Instrument("counter", "Fanned-out changes trimmed from the change log"),
+    "mcp_broker_inbox_trimmed_total": Instrument("counter", "Frames trimmed from session inboxes (length or age)"),
+    "mcp_broker_fanout_leases_held": Instrument("gauge", "Change-log partitions this process fans out now"),
+    "mcp_broker_backend_outage_seconds_total": Instrument(
+        "counter", "Seconds the backend did not answer this process's health pings while streams were open"),
+    "mcp_broker_tenant_sessions_created_total": Instrument(
+        "counter", "Sessions created, per tenant (bounded: MCP_BROKER_METRICS_TENANT_LIMIT)", ("tenant",)),
+    "mcp_broker_tenant_subscriptions_total": Instrument(
+        "counter", "Subscriptions made, per tenant (bounded)", ("tenant",)),
+    "mcp_broker_tenant_publishes_total": Instrument("counter", "Changes accepted, per tenant (bounded)", ("tenant",)),
+    "mcp_broker_tenant_frames_total": Instrument("counter", "Frames fanned out, per tenant (bounded)", ("tenant",)),
     "mcp_broker_http_answers_total": Instrument(
         "counter", "HTTP answers by route and status (a stream counts when it starts)", ("route", "status")),
 }
@@ -138,3 +162,70 @@ class NoMetrics:
 
 
 NO_METRICS: Final = NoMetrics()
+
+
+#: The ``tenant`` label of every tenant beyond ``metrics_tenant_limit`` (and of all of them at 0).
+OTHER_TENANTS: Final = "other"
+
+
+class TenantLabels:
+    """Which ``tenant`` label a tenant's counts go under: bounded, and stable for the process's life.
+
+    The first ``limit`` tenants seen get a label of their own, and keep it; every later tenant
+    counts as ``other``. With ``limit`` 0 (the default) no tenant name ever appears: every tenant
+    is ``other``, and the per-tenant counters are plain totals. One object per process, shared by
+    every per-tenant counter, so a tenant has the same label in all of them. Workers choose
+    independently: on two workers the same tenant may be named on one and ``other`` on the other.
+    """
+
+    __slots__ = ("_assigned", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._assigned: dict[str, str] = {}
+
+    def __call__(self, tenant: str) -> str:
+        label = self._assigned.get(tenant)
+        if label is None:
+            if len(self._assigned) >= self.limit:
+                return OTHER_TENANTS  # not remembered: memory stays bounded by ``limit``
+            label = self._assigned[tenant] = tenant
+        return label
+
+
+class TenantCounter:
+    """One per-tenant counter (``mcp_broker_tenant_*_total``), its bound children made once per label."""
+
+    __slots__ = ("_by_label", "_labels", "_metrics", "_name", "_named")
+
+    def __init__(self, metrics: Metrics, name: str, labels: TenantLabels) -> None:
+        self._metrics = metrics
+        self._name = name
+        self._labels = labels
+        #: Tenants with a label of their own (at most ``limit``), and every label's child.
+        self._named: dict[str, Counter] = {}
+        self._by_label: dict[str, Counter] = {}
+
+    def inc(self, tenant: str, amount: float = 1.0) -> None:
+        child = self._named.get(tenant)
+        if child is None:
+            label = self._labels(tenant)
+            child = self._by_label.get(label)
+            if child is None:
+                child = self._by_label[label] = self._metrics.counter(self._name, tenant=label)
+            if label == tenant:
+                self._named[tenant] = child
+        child.inc(amount)
+
+
+def accepted_at(change_id: str) -> float | None:
+    """When a change was accepted into the change log (Unix seconds), from its id; None for another form.
+
+    Ids are ``[<partition>:]<ms>-<seq>`` on both backends (a Redis stream id's milliseconds, the
+    memory log's clock the same way), so the acceptance time travels with the change for free.
+    """
+    entry = change_id.rpartition(":")[2]
+    ms = entry.partition("-")[0]
+    if not ms.isdigit() or len(ms) < 12:  # not a clock: ms since 1970 have had 12+ digits since 2001
+        return None
+    return int(ms) / 1000

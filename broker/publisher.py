@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from broker.backends.base import ChangeLog
 from broker.changes import Change, ChangeKind, ChangeRules, InvalidChange
 from broker.errors import LogFull, PublishRefused, QuotaExceeded
-from broker.metrics import NO_METRICS, Counter, Metrics
+from broker.metrics import NO_METRICS, Counter, Metrics, TenantCounter, TenantLabels
 from broker.tenants import tenant_problem
 
 __all__ = ["Publisher", "TooManyChanges"]
@@ -36,7 +36,7 @@ class Publisher:
     """Checks, appends and counts changes. ``source`` names who published, for the counters."""
 
     def __init__(self, changelog: ChangeLog, rules: ChangeRules, *, default_tenant: str, max_waiting: int,
-                 metrics: Metrics = NO_METRICS) -> None:
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
         self.changelog = changelog
         self.rules = rules
         self.default_tenant = default_tenant
@@ -44,6 +44,8 @@ class Publisher:
         self._metrics = metrics
         #: By source: the instrument of each, made at its first publish.
         self._published: dict[str, Counter] = {}
+        self._per_tenant = TenantCounter(metrics, "mcp_broker_tenant_publishes_total",
+                                         tenant_labels or TenantLabels(0))
 
     def change(self, tenant: str, uri: Any, kind: Any = ChangeKind.UPDATED, meta: Any = None) -> Change:
         """A change of ``tenant`` that fan-out can deliver. Raises ``InvalidChange`` (``ForeignNamespace``)."""
@@ -98,6 +100,7 @@ class Publisher:
             self._refused(exc)
             raise
         self._count(source, 1)
+        self._per_tenant.inc(change.tenant)
         return result
 
     def _item(self, tenant: str, item: Any, where: str) -> Change:
@@ -115,6 +118,12 @@ class Publisher:
             self._refused(exc)
             raise
         self._count(source, len(ids))
+        tenant = changes[0].tenant if changes else ""
+        if all(change.tenant == tenant for change in changes):  # one request is one tenant's
+            self._per_tenant.inc(tenant, len(changes))
+        else:
+            for change in changes:
+                self._per_tenant.inc(change.tenant)
         return ids
 
     def _count(self, source: str, n: int) -> None:

@@ -7,7 +7,8 @@ reaches back into it. The three seams are set here:
 
 * ``authenticator``: who a request is (``broker.auth``); static API keys by default;
 * ``add_source``: code that publishes changes of data elsewhere (``broker.sources``);
-* ``metrics``: where counters, gauges and histograms go (``broker.metrics``); none by default.
+* ``metrics``: where counters, gauges and histograms go (``broker.metrics``): Prometheus
+  (``broker.prometheus``) unless ``MCP_BROKER_METRICS=false``, then none.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from broker import __version__
 from broker.auth import Authenticator, authenticator_for
 from broker.backends import Backend, create_backend
+from broker.backends.base import SubscriptionIndex
 from broker.changes import ChangeKind, ChangeRules
 from broker.config import Settings
 from broker.delivery import Hub, LegacyServices, ListenIndex, StreamMetrics, Streams
@@ -28,7 +31,7 @@ from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.fanout import Fanout
 from broker.health import Health
 from broker.methods import Methods
-from broker.metrics import NO_METRICS, Metrics
+from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.resources.base import ResourceProvider, Resources
@@ -44,6 +47,47 @@ logger = logging.getLogger(__name__)
 #: Brokers started in this process, so the server can end their streams on SIGTERM.
 RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
 
+#: Seconds between two counts of the deployment's live sessions (``mcp_broker_sessions_open``).
+SESSIONS_COUNT_INTERVAL = 5.0
+
+
+def default_metrics(settings: Settings) -> Metrics:
+    """The binding a Broker uses when it is given none: Prometheus, unless ``settings.metrics`` is off."""
+    if not settings.metrics:
+        return NO_METRICS
+    from broker.prometheus import PrometheusMetrics  # imported only when used: prometheus_client is not small
+
+    return PrometheusMetrics()
+
+
+class CountedSubscriptions:
+    """The subscription index as the MCP methods use it, counting each subscription made per tenant.
+
+    Only the methods get it: fan-out and streams use the index itself, with nothing in between.
+    """
+
+    def __init__(self, index: SubscriptionIndex, made: TenantCounter) -> None:
+        self.index = index
+        self._made = made
+
+    async def add(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
+        count = await self.index.add(session_id, tenant, uri, limit)
+        if count:
+            self._made.inc(tenant)
+        return count
+
+    async def remove(self, session_id: str, tenant: str, uri: str) -> None:
+        await self.index.remove(session_id, tenant, uri)
+
+    async def of_session(self, session_id: str) -> set[str]:
+        return await self.index.of_session(session_id)
+
+    async def subscribers(self, tenant: str, uris: Sequence[str]) -> dict[str, list[str]]:
+        return await self.index.subscribers(tenant, uris)
+
+    async def tenant_sessions(self, tenant: str) -> list[str]:
+        return await self.index.tenant_sessions(tenant)
+
 
 class Broker:
     """Everything a worker process runs, minus the transports.
@@ -54,25 +98,33 @@ class Broker:
     """
 
     def __init__(self, settings: Settings | None = None, backend: Backend | None = None, *,
-                 metrics: Metrics = NO_METRICS, authenticator: Authenticator | None = None) -> None:
+                 metrics: Metrics | None = None, authenticator: Authenticator | None = None) -> None:
+        """``metrics``: by default Prometheus (``GET /metrics``), or none with ``settings.metrics`` off."""
         self.settings = settings = settings or Settings()
+        self.metrics = metrics = default_metrics(settings) if metrics is None else metrics
+        #: One per process: a tenant has the same label in every per-tenant counter.
+        self.tenant_labels = tenants = TenantLabels(settings.metrics_tenant_limit)
         #: For wiring and tests only: the services below are what the rest of the broker uses.
         self.backend = backend = backend or create_backend(settings, metrics)
-        self.metrics = metrics
         self.authenticator = authenticator or authenticator_for(settings)
         self.server_info = {"name": settings.server_name, "version": __version__}
         self.publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
                                    default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max,
-                                   metrics=metrics)
+                                   metrics=metrics, tenant_labels=tenants)
         self.resources = Resources([RecordsProvider(backend.records)])
         self.records = Records(backend.records, settings, self.publisher)
-        self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions)
+        self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions, metrics=metrics,
+                                 tenant_labels=tenants)
         self.streams = Streams()
+        subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
-                                   StreamMetrics(metrics, "modern"))
+                                   StreamMetrics(metrics, "modern"), subscriptions)
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics)
-        self.methods = Methods(settings, self.resources, backend.subscriptions, self.server_info)
+        index: SubscriptionIndex = backend.subscriptions
+        if metrics is not NO_METRICS:
+            index = CountedSubscriptions(backend.subscriptions, subscriptions)
+        self.methods = Methods(settings, self.resources, index, self.server_info)
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
@@ -120,9 +172,11 @@ class Broker:
         await self.backend.start()
         await self._hub.start()
         if self.settings.embedded_fanout:
-            self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics)
+            self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels)
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
+        if self.metrics is not NO_METRICS:
+            self._tasks.append(asyncio.create_task(self._count_sessions(), name="sessions-count"))
         self.started = True
         for source in self._sources:
             self._start_source(source)
@@ -144,6 +198,23 @@ class Broker:
         self._tasks.clear()
         await self.backend.close()
         self.started = False
+        close = getattr(self.metrics, "close", None)
+        if close is not None:
+            close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
+
+    async def _count_sessions(self) -> None:
+        """``mcp_broker_sessions_open`` every ``SESSIONS_COUNT_INTERVAL`` seconds: one count of the store,
+        off every request's path (the first one at once)."""
+        gauge = self.metrics.gauge("mcp_broker_sessions_open")
+        while True:
+            try:
+                gauge.set(await self.backend.sessions.count())
+            except BackendUnavailable:
+                pass  # the figure stays as last counted
+            except Exception:  # the loop's boundary: counting must go on after any one failure
+                raise_if_cancelled()
+                logger.exception("counting the open sessions failed")
+            await asyncio.sleep(SESSIONS_COUNT_INTERVAL)
 
     async def _expire_loop(self) -> None:
         interval = max(min(self.settings.session_ttl / 4, 60.0), 0.05)

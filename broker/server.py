@@ -113,6 +113,15 @@ class _WorkerProcess(multiprocess.Process):
             self._server = BrokerServer(config=self.config)
         return self._server
 
+    def join(self) -> None:
+        """Wait for the worker; once it is gone, however it went, its live gauges stop counting."""
+        pid = self.pid
+        super().join()
+        if pid is not None:
+            from broker.prometheus import process_exited  # the supervisor's side of the metrics
+
+            process_exited(pid)
+
 
 def run_workers(config: uvicorn.Config) -> None:
     """uvicorn's multi-process supervisor with BrokerServer workers.

@@ -10,6 +10,7 @@ from broker.auth import Principal
 from broker.backends.base import Inboxes, SessionStore
 from broker.backends.types import SessionRecord
 from broker.errors import LimitExceeded, SessionNotFound
+from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 
 #: A session, as the transports hold it (the record the backend stores).
 __all__ = ["SessionRecord", "Sessions"]
@@ -25,10 +26,13 @@ class Sessions:
     other principal is a miss, as if the session did not exist.
     """
 
-    def __init__(self, store: SessionStore, inboxes: Inboxes, max_sessions: int) -> None:
+    def __init__(self, store: SessionStore, inboxes: Inboxes, max_sessions: int, *,
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
         self.store = store
         self.inboxes = inboxes
         self.max_sessions = max_sessions
+        self._created = TenantCounter(metrics, "mcp_broker_tenant_sessions_created_total",
+                                      tenant_labels or TenantLabels(0))
 
     async def create(self, principal: Principal, version: str, client_info: dict[str, Any],
                      capabilities: dict[str, Any]) -> SessionRecord:
@@ -50,6 +54,7 @@ class Sessions:
             client_capabilities=capabilities,
         )
         await self.store.create(record)
+        self._created.inc(record.tenant)
         return record
 
     async def load(self, session_id: str, principal: Principal) -> SessionRecord:

@@ -17,4 +17,4 @@ def create_backend(settings: Settings, metrics: Metrics = NO_METRICS) -> Backend
         return RedisBackend(settings, metrics=metrics)
     from broker.backends.memory import MemoryBackend
 
-    return MemoryBackend(settings)
+    return MemoryBackend(settings, metrics)

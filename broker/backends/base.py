@@ -98,6 +98,7 @@ from typing import Any, Protocol
 
 from broker.backends.types import (
     CLOSE_ALL,
+    BroadcastBatchHandler,
     BroadcastHandler,
     BroadcastLostHandler,
     Frame,
@@ -115,6 +116,7 @@ __all__ = [
     "CLOSE_ALL",
     "Backend",
     "Broadcast",
+    "BroadcastBatchHandler",
     "BroadcastHandler",
     "BroadcastLostHandler",
     "ChangeLog",
@@ -257,12 +259,14 @@ class Broadcast(Protocol):
     async def publish(self, changes: Sequence[tuple[str, Change]]) -> None:
         """Hand ``(change id, change)`` pairs, in log order per partition, to every process's handlers."""
 
-    async def subscribe(self, handler: BroadcastHandler,
-                        on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+    async def subscribe(self, handler: BroadcastHandler, on_lost: BroadcastLostHandler | None = None,
+                        on_batch: BroadcastBatchHandler | None = None) -> Callable[[], Awaitable[None]]:
         """Call ``handler`` with every broadcast change until the returned function is awaited.
 
         Returns once the subscription is active. ``on_lost`` is called whenever broadcasts may
         have been missed since (a reconnect), after the subscription is active again.
+        ``on_batch`` (for the metrics) gets the id of the oldest change of each batch handed on,
+        just before ``handler`` gets its changes.
 
         Raises:
             BackendUnavailable: the subscription could not be made active.

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOSE_ALL",
+    "BroadcastBatchHandler",
     "BroadcastFilter",
     "BroadcastHandler",
     "BroadcastLostHandler",
@@ -137,6 +138,9 @@ class StreamStart:
 
 WakeHandler = Callable[[Wake], None]
 BroadcastHandler = Callable[[Change], None]
+#: Called with the id of the oldest change of each batch, before its changes are handed on (the
+#: metrics' clock: an id tells when its change was accepted).
+BroadcastBatchHandler = Callable[[str], None]
 #: Called when broadcasts may have been lost; the channel is live again by then.
 BroadcastLostHandler = Callable[[], None]
 

@@ -49,6 +49,7 @@ class Hub:
         self.touch = touch
         self.ping = ping
         self._outages = metrics.counter("mcp_broker_backend_outages_total")
+        self._outage_seconds = metrics.counter("mcp_broker_backend_outage_seconds_total")
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: Callable[[], Awaitable[None]] | None = None
         #: Loop time at which the first backend ping that did not answer was sent; None while
@@ -57,7 +58,8 @@ class Hub:
 
     async def start(self) -> None:
         """Subscribe the listens to the broadcast and start the timers. Raises ``BackendUnavailable``."""
-        self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost)
+        self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost,
+                                                           self.listens.on_batch)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick(), name="hub-keepalive"),
                        loop.create_task(self._touch(), name="hub-touch"),
@@ -113,9 +115,11 @@ class Hub:
         ping: asyncio.Task[None] | None = None
         sent = next_ping = loop.time()
         ended_for: float | None = None  # the outage whose streams were ended (logged once)
+        counted_to = 0.0  # loop time up to which outage seconds were counted
         try:
             while True:
                 now = loop.time()
+                counted_to = self._count_outage(now, counted_to)
                 if ping is not None and ping.done():
                     answered = not ping.cancelled() and ping.exception() is None
                     ping = None
@@ -153,6 +157,20 @@ class Hub:
         finally:
             if ping is not None:
                 ping.cancel()
+
+    def _count_outage(self, now: float, counted_to: float) -> float:
+        """Add the outage seconds since ``counted_to`` (or since the outage began); the new mark.
+
+        Counted as they pass (a scrape during an outage sees the figure grow), from the moment
+        the first unanswered ping was sent.
+        """
+        if self.outage_since is None:
+            return counted_to
+        begun = max(self.outage_since, counted_to)
+        if now > begun:
+            self._outage_seconds.inc(now - begun)
+            return now
+        return counted_to
 
     async def _ping(self, deadline: float) -> None:
         """Raises ``BackendUnavailable`` or ``TimeoutError``: the backend did not answer."""

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
 from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake
-from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
+from broker.delivery.stream import SAMPLE_EVERY, EndReason, Stream, StreamMetrics, Streams, Writer
 from broker.errors import BackendUnavailable
-from broker.notifications import resync_frames
+from broker.notifications import LIST_CHANGED_KEY, resync_frames
 
 __all__ = ["LegacyServices", "LegacyStream", "coalesce", "format_event_id", "parse_event_id"]
 
@@ -300,19 +300,39 @@ class LegacyStream(Stream):
         frames = resync_frames(copy)
         head_id = format_event_id(self.session.epoch, self.cursor)
         if self.ended is None:
-            self.services.metrics.resyncs.inc()
+            metrics = self.services.metrics
+            metrics.resyncs.inc()
             await writer.send_many([(f.data, head_id if i == len(frames) - 1 else None) for i, f in enumerate(frames)])
+            metrics.sent.inc(len(frames) - 1)  # an update of every URI, then list_changed
+            metrics.sent_lists.inc()
 
     async def _send(self, writer: Writer, frames: list[tuple[int, Frame]]) -> None:
         if self.ended is not None:
             return
         epoch = self.session.epoch
         batch = coalesce(frames)
+        metrics = self.services.metrics
         if len(batch) == 1:
-            await writer.send(batch[0][1].data, format_event_id(epoch, batch[0][0]))
+            frame = batch[0][1]
+            await writer.send(frame.data, format_event_id(epoch, batch[0][0]))
+            (metrics.sent_lists if frame.key == LIST_CHANGED_KEY else metrics.sent).inc()
         elif batch:
             await writer.send_many([(frame.data, format_event_id(epoch, off)) for off, frame in batch])
+            # A coalesced batch holds at most one frame of each key, so at most one list change.
+            lists = 0
+            for _, frame in batch:
+                if frame.key == LIST_CHANGED_KEY:
+                    lists = 1
+                    break
+            metrics.sent.inc(len(batch) - lists)
+            if lists:
+                metrics.sent_lists.inc()
         if batch:
-            self.services.metrics.sent.inc(len(batch))
+            metrics.countdown -= 1  # inline: a method call per write is a measurable share of a frame
+            if metrics.countdown <= 0:
+                metrics.countdown = SAMPLE_EVERY
+                # Frames read back from Redis carry no change id (only the memory backend's keep it):
+                # those batches are not measured.
+                metrics.observe(batch[-1][1].change)
         if frames:
             self.cursor = max(self.cursor, frames[-1][0])

@@ -12,11 +12,13 @@ so its client re-reads instead of missing a change.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Final
 
 from broker.changes import Change
 from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
 from broker.errors import LimitExceeded
+from broker.metrics import TenantCounter, accepted_at
 from broker.notifications import LIST_CHANGED_KEY, changes_list, encode_list_changed, encode_update, targets, update_key
 from broker.protocol import messages
 from broker.protocol.jsonrpc import Id
@@ -38,7 +40,7 @@ class Listen(Stream):
     """
 
     __slots__ = ("_metrics", "_resync", "_server_meta", "_stamp", "acknowledged", "list_changed", "pending",
-                 "request_id", "tenant", "uris")
+                 "probe", "request_id", "tenant", "uris")
 
     def __init__(self, request_id: Id, tenant: str, uris: list[str], list_changed: bool,
                  acknowledged: dict[str, Any], server_meta: dict[str, Any], metrics: StreamMetrics) -> None:
@@ -57,6 +59,9 @@ class Listen(Stream):
         self._metrics = metrics
         #: Broadcasts may have been lost: the task owes its client the gap rule.
         self._resync = False
+        #: When the change of a sampled broadcast was accepted (Unix seconds), until its frame is
+        #: written (``ListenIndex.on_batch``); 0 while there is none.
+        self.probe = 0.0
 
     def push_update(self, uri: str, meta: dict[str, Any] | None = None) -> None:
         """Queue an update of ``uri``; a newer one replaces the pending one in place.
@@ -105,7 +110,16 @@ class Listen(Stream):
                 pending, self.pending = self.pending, {}
                 # One write for all of them, so a cancel cannot land between two notifications.
                 await writer.send_many([(data, None) for data in pending.values()])
-                self._metrics.sent.inc(len(pending))
+                metrics = self._metrics
+                # Keyed by what they are about: at most one list change among them.
+                if LIST_CHANGED_KEY in pending:
+                    metrics.sent_lists.inc()
+                    metrics.sent.inc(len(pending) - 1)
+                else:
+                    metrics.sent.inc(len(pending))
+                if self.probe:
+                    metrics.latency.observe(max(time.time() - self.probe, 0.0))
+                    self.probe = 0.0
             elif self.ping:
                 self.ping = False
                 await writer.comment()
@@ -123,13 +137,17 @@ class ListenIndex:
     """The open listens of this process, by what they watch; bounded by ``max_listens``."""
 
     def __init__(self, streams: Streams, max_listens: int, server_meta: dict[str, Any],
-                 metrics: StreamMetrics) -> None:
+                 metrics: StreamMetrics, subscriptions: TenantCounter | None = None) -> None:
+        """``subscriptions`` counts each listen opened, as a subscription of its tenant."""
         self.streams = streams
+        self._subscriptions = subscriptions
         self.max_listens = max_listens
         self.server_meta = server_meta
         self.metrics = metrics
         self._by_uri: dict[tuple[str, str], set[Listen]] = {}
         self._list_changed: dict[str, set[Listen]] = {}
+        #: When the changes being handed on were accepted, while they are a sampled batch; else 0.
+        self._probe = 0.0
 
     def __len__(self) -> int:
         return len(self.streams.listens)
@@ -151,6 +169,8 @@ class ListenIndex:
         listen = Listen(request_id, tenant, uris, list_changed, acknowledged, self.server_meta, self.metrics)
         self.streams.listens[listen] = None
         self.metrics.open.inc()
+        if self._subscriptions is not None:
+            self._subscriptions.inc(tenant)
         for uri in uris:
             self._by_uri.setdefault((tenant, uri), set()).add(listen)
         if list_changed:
@@ -177,16 +197,29 @@ class ListenIndex:
                 if not members:
                     del self._list_changed[listen.tenant]
 
+    def on_batch(self, change_id: str) -> None:
+        """The broadcast is about to hand on changes, the oldest of them ``change_id``: one batch in
+        ``SAMPLE_EVERY`` has the listens it reaches measure its publish-to-frame time."""
+        self._probe = 0.0
+        if self._by_uri or self._list_changed:
+            if self.metrics.due():
+                self._probe = accepted_at(change_id) or 0.0
+
     def on_change(self, change: Change) -> None:
         """A processed change, from the backend's broadcast: notify the listens it concerns."""
         if not self._by_uri and not self._list_changed:
             return
+        probe = self._probe
         for uri in targets(change):
             for listen in self._by_uri.get((change.tenant, uri), ()):
                 listen.push_update(uri, change.meta)
+                if probe and not listen.probe:
+                    listen.probe = probe
         if changes_list(change):
             for listen in self._list_changed.get(change.tenant, ()):
                 listen.push_list_changed()
+                if probe and not listen.probe:
+                    listen.probe = probe
 
     def on_lost(self) -> None:
         """The backend may have lost broadcasts (its connection was re-made): every listen gets the gap rule."""

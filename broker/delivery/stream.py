@@ -14,10 +14,11 @@ wakes the stream's own task, which then returns; nothing is cancelled from outsi
 from __future__ import annotations
 
 import asyncio
+import time
 from enum import StrEnum
 from typing import Final, Protocol
 
-from broker.metrics import Metrics
+from broker.metrics import Metrics, accepted_at
 
 __all__ = ["EndReason", "Stream", "StreamMetrics", "Streams", "Writer"]
 
@@ -77,25 +78,51 @@ _RECONNECT: Final = frozenset({EndReason.SHUTDOWN, EndReason.UNAVAILABLE, EndRea
 _RESUMABLE: Final = frozenset({EndReason.UNAVAILABLE, EndReason.LOST})
 
 
+#: One write batch in this many has its publish-to-frame time measured (per era and process); the
+#: first one is. Reading the clock and observing a histogram costs a few thousand instructions,
+#: a tenth of a frame's whole cost, so the histogram is sampled rather than fed by every write.
+SAMPLE_EVERY: Final = 16
+
+
 class StreamMetrics:
     """The instruments streams of one era report to, made once per process and era."""
 
-    __slots__ = ("_metrics", "era", "open", "replayed", "restored", "resyncs", "sent", "takeovers")
+    __slots__ = ("_metrics", "countdown", "era", "latency", "open", "replayed", "restored", "resyncs", "sent",
+                 "sent_lists", "takeovers")
 
     def __init__(self, metrics: Metrics, era: str) -> None:
         self._metrics = metrics
         self.era = era
         self.open = metrics.gauge("mcp_broker_streams_open", era=era)
-        self.sent = metrics.counter("mcp_broker_notifications_sent_total", era=era)
+        #: Notifications written, by kind: ``updated`` and ``list_changed``.
+        self.sent = metrics.counter("mcp_broker_notifications_sent_total", era=era, kind="updated")
+        self.sent_lists = metrics.counter("mcp_broker_notifications_sent_total", era=era, kind="list_changed")
         self.resyncs = metrics.counter("mcp_broker_gap_resyncs_total", era=era)
         self.replayed = metrics.counter("mcp_broker_frames_replayed_total")
         self.takeovers = metrics.counter("mcp_broker_stream_takeovers_total")
         self.restored = metrics.counter("mcp_broker_sessions_restored_total")
+        self.latency = metrics.histogram("mcp_broker_publish_to_frame_seconds", era=era)
+        #: Write batches left before the next sample (``SAMPLE_EVERY``).
+        self.countdown = 1
 
     def ended(self, reason: EndReason) -> None:
         """A stream ended (off the hot path: the instrument is looked up now)."""
         self.open.dec()
         self._metrics.counter("mcp_broker_streams_ended_total", era=self.era, reason=reason.value).inc()
+
+    def due(self) -> bool:
+        """Whether this write batch is the one in ``SAMPLE_EVERY`` to be measured (one decrement otherwise)."""
+        self.countdown -= 1
+        if self.countdown > 0:
+            return False
+        self.countdown = SAMPLE_EVERY
+        return True
+
+    def observe(self, change_id: str) -> None:
+        """A frame of the change ``change_id`` was just written: how long since the change was accepted."""
+        accepted = accepted_at(change_id)
+        if accepted is not None:
+            self.latency.observe(max(time.time() - accepted, 0.0))
 
 
 class Stream:

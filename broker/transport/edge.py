@@ -147,15 +147,17 @@ class Edge:
         ]
         return response
 
-    async def admit(self, scope: Scope, style: Style, *, authenticate: bool) -> Response | None:
-        """None when the request may go on (its principal in the scope), else the refusal to send."""
-        headers = Headers(scope=scope)
-        if not self.origins.allows(headers.get("origin")):
+    async def admit(self, scope: Scope, style: Style, origin: str | None, *, authenticate: bool) -> Response | None:
+        """None when the request may go on (its principal in the scope), else the refusal to send.
+
+        ``origin`` is the request's ``Origin`` header (None without one: not a browser).
+        """
+        if not self.origins.allows(origin):
             return refusal(style, 403, "Forbidden: Origin not allowed" if style is Style.RPC else "Origin not allowed")
         if not authenticate:
             return None
         try:
-            scope[PRINCIPAL] = await self.authenticator.authenticate(headers)
+            scope[PRINCIPAL] = await self.authenticator.authenticate(Headers(scope=scope))
         except Unauthorized as exc:
             message = f"Unauthorized: {exc}" if style is Style.RPC else str(exc)
             return refusal(style, 401, message, {"WWW-Authenticate": exc.challenge})

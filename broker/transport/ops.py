@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Scope
 
 from broker.health import Health
 from broker.transport.edge import detail, json_response
@@ -30,31 +30,27 @@ Render = Callable[[], tuple[bytes, str]]
 
 
 class Livez:
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await json_response({"status": "ok"})(scope, receive, send)
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
+        return json_response({"status": "ok"})
 
 
 class Readyz:
     def __init__(self, health: Health) -> None:
         self.health = health
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
         if self.health.draining:
-            response = json_response({"status": "draining"}, 503)
-        else:
-            ok, report = await self.health.check()
-            response = json_response(report, 200 if ok else 503)
-        await response(scope, receive, send)
+            return json_response({"status": "draining"}, 503)
+        ok, report = await self.health.check()
+        return json_response(report, 200 if ok else 503)
 
 
 class MetricsEndpoint:
     def __init__(self, render: Render | None) -> None:
         self.render = render
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
         if self.render is None:
-            response = detail(404, "no metrics binding is configured")
-        else:
-            body, content_type = self.render()
-            response = Response(body, media_type=content_type)
-        await response(scope, receive, send)
+            return detail(404, "no metrics binding is configured")
+        body, content_type = self.render()
+        return Response(body, media_type=content_type)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Scope
 
 from broker.changes import ForeignNamespace, InvalidChange
 from broker.errors import BackendUnavailable, LogFull, QuotaExceeded
@@ -33,11 +33,8 @@ class ChangesEndpoint:
         self.publisher = publisher
         self.max_body_bytes = max_body_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.respond(Request(scope, receive))
-        await response(scope, receive, send)
-
-    async def respond(self, request: Request) -> Response:
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
+        request = Request(scope, receive)
         tenant = principal_of(request.scope).tenant
         try:
             items = await read_json(request, self.max_body_bytes)

@@ -203,7 +203,7 @@ async def test_a_metrics_binding_sees_publishes_fanout_streams_and_notifications
         assert orjson.loads(writer.sent[-1])["params"] == {"uri": "x:a", "_meta": {"v": 1}}
         assert metrics.get("mcp_broker_changes_published_total", source="python") == 1
         assert metrics.get("mcp_broker_fanout_changes_total") == 1
-        assert metrics.get("mcp_broker_notifications_sent_total", era="legacy") == 1
+        assert metrics.get("mcp_broker_notifications_sent_total", era="legacy", kind="updated") == 1
         stream.disconnect()
         await asyncio.wait_for(task, TIMEOUT)
         assert metrics.get("mcp_broker_streams_open", era="legacy") == 0

@@ -33,6 +33,7 @@ from broker.backends.memory.sessions import MemorySessions
 from broker.backends.memory.state import SessionState
 from broker.backends.memory.subscriptions import MemorySubscriptions
 from broker.config import Settings
+from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["MemoryBackend"]
 
@@ -40,15 +41,16 @@ __all__ = ["MemoryBackend"]
 class MemoryBackend:
     """Shared state for a single process: the stores of ``base.Backend``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics = NO_METRICS) -> None:
+        """``metrics`` gets the change-log and inbox trims."""
         self.settings = settings
         state = SessionState(settings)
-        changelog = MemoryChangeLog(settings)
+        changelog = MemoryChangeLog(settings, metrics)
         # Typed as the protocols: ``Backend``'s attributes are settable, so a conforming type
         # must be exactly theirs (a test may also put a store of its own in one's place).
         self.sessions: SessionStore = MemorySessions(state)
         self.subscriptions: SubscriptionIndex = MemorySubscriptions(state)
-        self.inboxes: Inboxes = MemoryInboxes(state)
+        self.inboxes: Inboxes = MemoryInboxes(state, metrics)
         self.changelog: ChangeLog = changelog
         self.broadcast: Broadcast = MemoryBroadcast()
         self.records: RecordStore = MemoryRecords(settings, changelog)

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from broker.backends.types import BroadcastFilter, BroadcastHandler, BroadcastLostHandler, Handlers
+from broker.backends.types import (
+    BroadcastBatchHandler,
+    BroadcastFilter,
+    BroadcastHandler,
+    BroadcastLostHandler,
+    Handlers,
+)
 from broker.changes import Change
 
 __all__ = ["MemoryBroadcast"]
@@ -23,18 +29,26 @@ class MemoryBroadcast:
 
     def __init__(self) -> None:
         self._handlers: Handlers[str, Change] = Handlers("broadcast")
+        self._batches: Handlers[str, str] = Handlers("broadcast-batch")
         self._filter = BroadcastFilter()
 
     async def publish(self, changes: Sequence[tuple[str, Change]]) -> None:
-        self._handlers.call(_ALL, *[change for change_id, change in changes if self._filter.fresh(change_id)])
+        fresh = [(change_id, change) for change_id, change in changes if self._filter.fresh(change_id)]
+        if fresh:
+            self._batches.call(_ALL, fresh[0][0])
+            self._handlers.call(_ALL, *[change for _, change in fresh])
 
-    async def subscribe(self, handler: BroadcastHandler,
-                        on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+    async def subscribe(self, handler: BroadcastHandler, on_lost: BroadcastLostHandler | None = None,
+                        on_batch: BroadcastBatchHandler | None = None) -> Callable[[], Awaitable[None]]:
         # ``on_lost`` is never called: a broadcast in one process cannot be lost.
-        handlers = self._handlers
+        handlers, batches = self._handlers, self._batches
         handlers.add(_ALL, handler)
+        if on_batch is not None:
+            batches.add(_ALL, on_batch)
 
         async def remove() -> None:
             handlers.remove(_ALL, handler)
+            if on_batch is not None:
+                batches.remove(_ALL, on_batch)
 
         return remove

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from broker.changes import Change
 from broker.config import Settings
 from broker.errors import LogFull, QuotaExceeded
+from broker.metrics import NO_METRICS, Metrics, accepted_at
 
 __all__ = ["MemoryChangeLog"]
 
@@ -28,9 +29,14 @@ __all__ = ["MemoryChangeLog"]
 class MemoryChangeLog:
     """Published changes, waiting for fan-out."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics = NO_METRICS) -> None:
         self._settings = settings
+        #: The newest id's parts: ids are ``<ms>-<seq>`` like a Redis stream's, the wall clock's
+        #: milliseconds (never going back) and a sequence within one millisecond, so an id tells
+        #: when its change was accepted (``metrics.accepted_at``), and ids still grow in log order.
+        self._ms = 0
         self._seq = 0
+        self._trimmed = metrics.counter("mcp_broker_changelog_trimmed_total")
         self._log: deque[tuple[str, Change]] = deque()
         #: Handed out and not yet acknowledged, in the order they were handed out.
         self._pending: dict[str, Change] = {}
@@ -65,8 +71,12 @@ class MemoryChangeLog:
 
     def append(self, change: Change) -> str:
         """Append a change ``admit`` let through, in the same step; its id."""
-        self._seq += 1
-        change_id = f"{self._seq}-0"
+        now = int(time.time() * 1000)
+        if now > self._ms:
+            self._ms, self._seq = now, 0
+        else:
+            self._seq += 1
+        change_id = f"{self._ms}-{self._seq}"
         self._log.append((change_id, change))
         self._backlog[change.tenant] = self._backlog.get(change.tenant, 0) + 1
         self._ready.set()
@@ -104,15 +114,30 @@ class MemoryChangeLog:
         return taken
 
     async def ack(self, ids: Sequence[str]) -> None:
+        trimmed = 0
         for change_id in ids:
             change = self._pending.pop(change_id, None)
             if change is not None:
+                trimmed += 1  # an acknowledged change leaves the log at once
                 tenant = change.tenant
                 left = self._backlog[tenant] - 1
                 if left:
                     self._backlog[tenant] = left
                 else:
                     del self._backlog[tenant]
+        if trimmed:
+            self._trimmed.inc(trimmed)
+
+    async def lag(self, consumer: str) -> dict[int, tuple[int, float]]:
+        """For the metrics: per partition ``consumer`` holds (the one, 0, or none), the changes not yet
+        fanned out and the age in seconds of the oldest of them."""
+        holder = self._holder
+        if holder is None or holder[0] != consumer or holder[1] <= time.monotonic():
+            return {}
+        oldest = next(iter(self._pending), None) or (self._log[0][0] if self._log else None)
+        accepted = accepted_at(oldest) if oldest is not None else None
+        age = max(time.time() - accepted, 0.0) if accepted is not None else 0.0
+        return {0: (len(self._log) + len(self._pending), age)}
 
     async def release(self, consumer: str) -> None:
         if self._holder is not None and self._holder[0] == consumer:

@@ -24,6 +24,7 @@ from broker.backends.types import (
     change_position,
     inbox_gap,
 )
+from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["MemoryInboxes"]
 
@@ -31,8 +32,9 @@ __all__ = ["MemoryInboxes"]
 class MemoryInboxes:
     """Each session's bounded inbox of frames, its watchers and its one live stream."""
 
-    def __init__(self, state: SessionState) -> None:
+    def __init__(self, state: SessionState, metrics: Metrics = NO_METRICS) -> None:
         self._state = state
+        self._trimmed = metrics.counter("mcp_broker_inbox_trimmed_total")
 
     async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         state = self._state
@@ -44,6 +46,7 @@ class MemoryInboxes:
         #: What this call appends is weighed against what came before it, not against itself:
         #: one change's frames for several URIs of a session all land.
         advanced: dict[tuple[Inbox, str], str] = {}
+        trimmed = 0
         for sid, frame in batch:
             inbox = inboxes.get(sid)
             if inbox is None:
@@ -67,12 +70,15 @@ class MemoryInboxes:
             entries.append((inbox.head, frame, now))
             while len(entries) > maxlen:
                 entries.popleft()
+                trimmed += 1
             if sid in watchers:  # no wake-up to build for a session nobody watches
                 watchers.call(sid, Wake("frames", inbox.head, frame=frame))
         for (inbox, partition), at in advanced.items():
             if inbox.newest is None:
                 inbox.newest = {}
             inbox.newest[partition] = at
+        if trimmed:
+            self._trimmed.inc(trimmed)
         return gone
 
     async def read(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
@@ -102,8 +108,12 @@ class MemoryInboxes:
             return InboxRead(state.epoch, [], True, 0, gone=True)
         cutoff = time.monotonic() - state.settings.inbox_retention
         entries = inbox.entries
+        aged = 0
         while isinstance(entries, deque) and entries and entries[0][2] < cutoff:
             entries.popleft()
+            aged += 1
+        if aged:
+            self._trimmed.inc(aged)
         earliest = entries[0][0] if entries else inbox.head + 1
         if inbox_gap(epoch, state.epoch, after, inbox.head, earliest):
             return InboxRead(state.epoch, [], True, inbox.head)

@@ -70,7 +70,7 @@ class RedisBackend:
 
     def __init__(self, settings: Settings, *, client_factory: ClientFactory | None = None,
                  metrics: Metrics = NO_METRICS) -> None:
-        """``metrics`` gets the pub/sub reconnects and the data losses this process sees."""
+        """``metrics`` gets the pub/sub reconnects, the data losses this process sees, and the trims."""
         self.settings = settings
         self.keys = Keys(settings.redis_prefix)
         clients = open_clients(settings, client_factory)
@@ -82,7 +82,8 @@ class RedisBackend:
         self.bus = WakeBus(clients.pubsub, cluster=self.cluster, timeout=settings.redis_socket_timeout,
                            on_reconnect=self._on_reconnect, metrics=metrics)
         self.watchers = Watchers(self.keys, scripts, self.bus, cluster=self.cluster)
-        self._changelog = RedisChangeLog(settings, self.redis, self.keys, scripts, cluster=self.cluster)
+        self._changelog = RedisChangeLog(settings, self.redis, self.keys, scripts, cluster=self.cluster,
+                                         metrics=metrics)
         self._epoch = Epoch(self.keys, scripts, backlog=lambda: sum(self._changelog.backlog.values()), metrics=metrics)
         self._broadcast = RedisBroadcast(settings, self.redis, self.keys, self.bus, self._epoch)
         # Typed as the protocols: ``Backend``'s attributes are settable, so a conforming type
@@ -91,7 +92,8 @@ class RedisBackend:
                                                     self.watchers)
         self.subscriptions: SubscriptionIndex = RedisSubscriptions(settings, self.redis, self.keys, scripts, self.bus)
         self.inboxes: Inboxes = RedisInboxes(settings, self.redis, self.keys, scripts, epoch=self._epoch,
-                                             bus=self.bus, watchers=self.watchers, cluster=self.cluster)
+                                             bus=self.bus, watchers=self.watchers, cluster=self.cluster,
+                                             metrics=metrics)
         self.changelog: ChangeLog = self._changelog
         self.broadcast: Broadcast = self._broadcast
         self.records: RecordStore = RedisRecords(settings, self.redis, self.keys, scripts, self._changelog)

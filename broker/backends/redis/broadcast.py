@@ -18,7 +18,13 @@ from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.wakes import WakeBus
-from broker.backends.types import BroadcastFilter, BroadcastHandler, BroadcastLostHandler, Handlers
+from broker.backends.types import (
+    BroadcastBatchHandler,
+    BroadcastFilter,
+    BroadcastHandler,
+    BroadcastLostHandler,
+    Handlers,
+)
 from broker.changes import Change
 from broker.config import Settings
 
@@ -37,6 +43,8 @@ class RedisBroadcast:
         self._handlers: Handlers[str, Change] = Handlers("broadcast")
         #: Their ``on_lost`` callbacks, under the same key (each called with None).
         self._lost: Handlers[str, None] = Handlers("broadcast-lost")
+        #: Their ``on_batch`` callbacks, under the same key.
+        self._batches: Handlers[str, str] = Handlers("broadcast-batch")
         self._filter = BroadcastFilter()
         self._subscribing: asyncio.Future[None] | None = None
         epoch.on_loss(self._forget_positions)
@@ -63,17 +71,21 @@ class RedisBroadcast:
             await batch.execute()
 
     def _on_message(self, payload: bytes) -> None:
-        changes = [change for change_id, change in decode_changes(payload) if self._filter.fresh(change_id)]
-        self._handlers.call(self._channel, *changes)
+        fresh = [(change_id, change) for change_id, change in decode_changes(payload) if self._filter.fresh(change_id)]
+        if fresh:
+            self._batches.call(self._channel, fresh[0][0])
+            self._handlers.call(self._channel, *[change for _, change in fresh])
 
     def lost(self) -> None:
         """Broadcasts may have been lost (the pub/sub connection was down); the channel is subscribed again."""
         self._lost.call(self._channel, None)
 
-    async def subscribe(self, handler: BroadcastHandler,
-                        on_lost: BroadcastLostHandler | None = None) -> Callable[[], Awaitable[None]]:
+    async def subscribe(self, handler: BroadcastHandler, on_lost: BroadcastLostHandler | None = None,
+                        on_batch: BroadcastBatchHandler | None = None) -> Callable[[], Awaitable[None]]:
         """``on_lost`` is called from ``lost``, once the broadcast channel is subscribed again."""
         self._handlers.add(self._channel, handler)
+        if on_batch is not None:
+            self._batches.add(self._channel, on_batch)
         lost: Callable[[None], None] | None = None
         if on_lost is not None:
             lost = lambda _: on_lost()  # noqa: E731 (a Handlers callback takes a value)
@@ -83,15 +95,18 @@ class RedisBroadcast:
         try:
             await asyncio.shield(self._subscribing)
         except BaseException:
-            await self._remove(handler, lost)
+            await self._remove(handler, lost, on_batch)
             raise
 
         async def remove() -> None:
-            await self._remove(handler, lost)
+            await self._remove(handler, lost, on_batch)
 
         return remove
 
-    async def _remove(self, handler: BroadcastHandler, lost: Callable[[None], None] | None) -> None:
+    async def _remove(self, handler: BroadcastHandler, lost: Callable[[None], None] | None,
+                      on_batch: BroadcastBatchHandler | None = None) -> None:
+        if on_batch is not None:
+            self._batches.remove(self._channel, on_batch)
         if lost is not None:
             self._lost.remove(self._channel, lost)
         self._handlers.remove(self._channel, handler)

@@ -1,30 +1,26 @@
 """The change log on Redis (``base.ChangeLog``): partitioned streams, one consumer group, a lease per partition.
 
-A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in
-Redis at first start (``P:partitions``) and the stored value wins over the setting, because a
-tenant's records live under its partition's hash tag and must not move. Change ids are
-``<partition>:<stream id>``.
+A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in Redis at first start
+(``P:partitions``) and the stored value wins over the setting, because a tenant's records live under its partition's
+hash tag and must not move. Change ids are ``<partition>:<stream id>``.
 
-Bounds: nothing fan-out has not processed is ever trimmed. An append (``changelog_append.lua``,
-and the record scripts) checks, in the same step, that the partition holds fewer than
-``changelog_maxlen`` entries and the tenant fewer than ``changelog_tenant_max`` changes not yet
-fanned out (a per-tenant count in ``P:{c:<n>}:backlog``, the partition's hash slot), and refuses
-the whole call otherwise (``LogFull``, ``QuotaExceeded``) before anything is acknowledged. The
-acknowledgement (``changelog_ack.lua``) counts each change out of its tenant's backlog and
-trims the partition below its oldest pending entry (or the last delivered one): the one reader
-of the partition trims, so trimming never races a read.
+Bounds: nothing fan-out has not processed is ever trimmed. An append (``changelog_append.lua``, and the record
+scripts) checks, in the same step, that the partition holds fewer than ``changelog_maxlen`` entries and the tenant
+fewer than ``changelog_tenant_max`` changes not yet fanned out (a per-tenant count in ``P:{c:<n>}:backlog``, the
+partition's hash slot), and refuses the whole call otherwise (``LogFull``, ``QuotaExceeded``) before anything is
+acknowledged. The acknowledgement (``changelog_ack.lua``) counts each change out of its tenant's backlog and trims
+the partition below its oldest pending entry (or the last delivered one): the one reader of the partition trims, so
+trimming never races a read.
 
-Each partition is read by one fan-out consumer at a time, the holder of its lease
-(``P:{c:<n>}:lease``). Consumers that read one partition side by side would append a URI's
-changes to an inbox out of order (a later frame, then an earlier one; a slow reader keeping the
-newest frame of a URI would keep the wrong one), and the same on the listen broadcast. So
-ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for
-longer than its heartbeat lasts) loses the partition to the next consumer that asks, which
-first takes over what it left pending (at least once). Reads are fenced by the lease
-(``fanout_read.lua`` checks the holder and reads in one step), so a read that reaches Redis
-after its lease lapsed takes nothing: the changes stay for the holder, never pending to a
-consumer nobody sweeps. Each live consumer holds its share of the partitions (the leases and
-the shares are ``leases.PartitionLeases``), so fan-out spreads over workers when there are several.
+Each partition is read by one fan-out consumer at a time, the holder of its lease (``P:{c:<n>}:lease``). Consumers
+that read one partition side by side would append a URI's changes to an inbox out of order (a later frame, then an
+earlier one; a slow reader keeping the newest frame of a URI would keep the wrong one), and the same on the listen
+broadcast. So ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for longer
+than its heartbeat lasts) loses the partition to the next consumer that asks, which first takes over what it left
+pending (at least once). Reads are fenced by the lease (``fanout_read.lua`` checks the holder and reads in one
+step), so a read that reaches Redis after its lease lapsed takes nothing: the changes stay for the holder, never
+pending to a consumer nobody sweeps. Each live consumer holds its share of the partitions (the leases and the shares
+are ``leases.PartitionLeases``), so fan-out spreads over workers when there are several.
 
 Records are written with their change by ``records.py``, through this log's partitions and bounds.
 """
@@ -43,11 +39,13 @@ from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text, decode_change, encode_change
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
+from broker.backends.redis.lag import LagReport
 from broker.backends.redis.leases import ConsumerShare, PartitionLeases
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change
 from broker.config import Settings
 from broker.errors import LogFull, PublishRefused, QuotaExceeded
+from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["RedisChangeLog"]
 
@@ -59,11 +57,13 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class RedisChangeLog:
+class RedisChangeLog(LagReport):
     """Published changes, read by fan-out under partition leases; each method translates connection errors."""
 
-    def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, cluster: bool) -> None:
+    def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, cluster: bool,
+                 metrics: Metrics = NO_METRICS) -> None:
         self.settings = settings
+        self._trimmed = metrics.counter("mcp_broker_changelog_trimmed_total")
         self.client = client
         self.keys = keys
         self.scripts = scripts
@@ -150,10 +150,11 @@ class RedisChangeLog:
         for group in await self.client.xinfo_groups(key):
             if as_text(group["name"]) == FANOUT_GROUP:
                 delivered = as_text(group["last-delivered-id"])
-        left = int(await self.scripts.changelog_ack(keys=[key, self.keys.backlog(partition)],
-                                                    args=[FANOUT_GROUP, delivered]))
-        self.backlog[partition] = left
-        return left
+        left, trimmed = await self.scripts.changelog_ack(keys=[key, self.keys.backlog(partition)],
+                                                         args=[FANOUT_GROUP, delivered])
+        self.backlog[partition] = int(left)
+        self._trimmed.inc(int(trimmed))
+        return int(left)
 
     async def publish(self, change: Change) -> str:
         """One script call: the bounds are checked and the change counted with the append.
@@ -369,8 +370,9 @@ class RedisChangeLog:
             for partition, entry_ids in by_partition.items():
                 batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
                            [FANOUT_GROUP, "", *entry_ids])
-            for partition, left in zip(by_partition, await batch.execute(), strict=True):
+            for partition, (left, trimmed) in zip(by_partition, await batch.execute(), strict=True):
                 self.backlog[partition] = int(left)
+                self._trimmed.inc(int(trimmed))
             # Only now: ids whose acknowledgement failed are handed out again at the next read.
             self.leases.acknowledged(ids)
 

@@ -6,7 +6,7 @@
 -- delivered (delivery goes in id order, so with nothing pending all of those were
 -- acknowledged). Nothing fan-out has yet to process is trimmed. An empty log resets the
 -- backlog, so a count that drifted (entries an older version trimmed unread) heals once
--- fan-out catches up. Returns the entries left.
+-- fan-out catches up. Returns the entries left and the entries trimmed.
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   if not ms then return nil end
@@ -42,7 +42,8 @@ if tonumber(pending[1]) > 0 then
 elseif top then
   keep = string.format('%.0f-%.0f', top[1], top[2] + 1)
 end
-if keep then redis.call('XTRIM', KEYS[1], 'MINID', keep) end
+local trimmed = 0
+if keep then trimmed = redis.call('XTRIM', KEYS[1], 'MINID', keep) end
 local left = redis.call('XLEN', KEYS[1])
 if left == 0 then redis.call('DEL', KEYS[2]) end
-return left
+return {left, trimmed}

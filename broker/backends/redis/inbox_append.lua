@@ -14,7 +14,8 @@
 -- frames when they are larger than the bound (the stream reads its inbox instead: a large
 -- change watched by many streams of one worker must not fill its pub/sub output buffer). Nothing is written for a
 -- session that is gone. Returns, per session, its new head (-1 when gone), the worker node
--- that watches it ('' when none) and the (1-based) numbers of the frames it skipped: without
+-- that watches it ('' when none), the (1-based) numbers of the frames it skipped and the
+-- entries this call trimmed from its inbox (by length or age, for the metrics): without
 -- a publish command, the caller sends the wake-ups of a whole batch to each node in one
 -- message, after this script.
 -- In Redis Cluster a call holds one session (its keys share a hash tag) and publishes itself;
@@ -25,12 +26,15 @@ local wake_max = tonumber(ARGV[5])
 local cutoff = tonumber(ARGV[4])
 for s = 1, #KEYS / 3 do
   local k = 3 * s
+  local r = 4 * s
   local n = tonumber(ARGV[at])
   local ttl = redis.call('PTTL', KEYS[k - 2])
+  local trimmed = 0
   if ttl < 0 then
-    results[k - 2] = -1
-    results[k - 1] = ''
-    results[k] = {}
+    results[r - 3] = -1
+    results[r - 2] = ''
+    results[r - 1] = {}
+    results[r] = 0
   else
     -- The first marked frame's field is read with head and node, in one call: fan-out sends
     -- one partition per session, so that is usually the only read.
@@ -85,6 +89,7 @@ for s = 1, #KEYS / 3 do
       end
     end
     if #kept > 0 then
+      local before_len = redis.call('XLEN', KEYS[k - 1])
       local first = head + 1
       head = head + #kept
       fields[#fields + 1] = 'head'
@@ -108,6 +113,7 @@ for s = 1, #KEYS / 3 do
           redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
         end
       end
+      trimmed = before_len + #kept - redis.call('XLEN', KEYS[k - 1])
       if ARGV[1] ~= '' then
         local packed = table.concat(kept)
         if #packed > wake_max then
@@ -120,9 +126,10 @@ for s = 1, #KEYS / 3 do
     if #fields > 0 then
       redis.call('HSET', KEYS[k - 2], unpack(fields))
     end
-    results[k - 2] = head
-    results[k - 1] = node
-    results[k] = skipped
+    results[r - 3] = head
+    results[r - 2] = node
+    results[r - 1] = skipped
+    results[r] = trimmed
   end
   at = at + 2 * n + 1
 end

@@ -50,6 +50,7 @@ from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
 from broker.backends.types import CLOSE_ALL, Frame, InboxRead, StreamClaim, StreamStart, WakeHandler, inbox_gap
 from broker.config import Settings
+from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["RedisInboxes"]
 
@@ -61,8 +62,9 @@ class RedisInboxes:
     """Per-session frames, the wake-ups that announce them, and the one live stream of each session."""
 
     def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, epoch: Epoch,
-                 bus: WakeBus, watchers: Watchers, cluster: bool) -> None:
+                 bus: WakeBus, watchers: Watchers, cluster: bool, metrics: Metrics = NO_METRICS) -> None:
         self.settings = settings
+        self._trimmed = metrics.counter("mcp_broker_inbox_trimmed_total")
         self.client = client
         self.keys = keys
         self.scripts = scripts
@@ -107,10 +109,13 @@ class RedisInboxes:
                 calls.call(self.scripts.inbox_append, keys, args)
             results = await calls.execute()
             replies = [value for result in results for value in result]
-            heads = [int(h) for h in replies[0::3]]
+            heads = [int(h) for h in replies[0::4]]
+            trimmed = sum(int(t) for t in replies[3::4])
+            if trimmed:
+                self._trimmed.inc(trimmed)
             if not self.cluster:
-                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::3]],
-                                          per_session, replies[2::3])
+                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::4]],
+                                          per_session, replies[2::4])
         return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
 
     async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
