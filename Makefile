@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint interop bench bench-smoke clean
+.PHONY: run test lint interop bench bench-smoke compose-test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ bench: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(BIN)/python -m bench.run --smoke
+
+# The compose stack for real (Docker, root): see deploy/compose/README.md.
+compose-test: $(STAMP)
+	./deploy/compose/test.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
