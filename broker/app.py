@@ -144,7 +144,7 @@ class BrokerApp:
             return refusal(route.style, 421, "Misdirected Request: Host not allowed" if route.style is Style.RPC
                            else "Host not allowed")
         if scope["method"] == "OPTIONS" and origin is not None:
-            return self.edge.preflight(origin, _header(scope, b"access-control-request-headers"))
+            return self.edge.preflight(origin, _header(scope, b"access-control-request-headers"), route.style)
         if route.methods is not None and scope["method"] not in route.methods:
             return refusal(route.style, 405, "Method Not Allowed", {"Allow": ", ".join(sorted(route.methods))})
         return None

@@ -128,14 +128,14 @@ class Edge:
         return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
                 (b"access-control-expose-headers", CORS_EXPOSED)]
 
-    def preflight(self, origin: str, asked: str | None) -> Response:
+    def preflight(self, origin: str, asked: str | None, style: Style) -> Response:
         """The answer to a CORS preflight: 204 with what ``origin`` may send, or 403 for an origin not allowed.
 
         The request headers a page asks for are granted when they are among ``CORS_REQUEST_HEADERS``;
         the browser refuses the real request if it needs another.
         """
         if not self.origins.allows(origin):
-            return detail(403, "Origin not allowed")
+            return refusal(style, 403, "Forbidden: Origin not allowed" if style is Style.RPC else "Origin not allowed")
         wanted = {name.strip().lower() for name in (asked or "").split(",") if name.strip()}
         granted = [name for name in CORS_REQUEST_HEADERS if name in wanted] or list(CORS_REQUEST_HEADERS)
         response = Response(status_code=204)
