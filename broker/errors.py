@@ -12,6 +12,7 @@ __all__ = [
     "NotFound",
     "PublishRefused",
     "QuotaExceeded",
+    "ResourceRefused",
     "SessionNotFound",
     "WriteConflict",
     "raise_if_cancelled",
@@ -45,6 +46,16 @@ class SessionNotFound(BrokerError):
 
 class NotFound(BrokerError):
     """A resource, record or collection does not exist."""
+
+
+class ResourceRefused(BrokerError):
+    """A resource that exists and may be seen, but is not served (too large, not a regular file);
+    ``data`` goes into the JSON-RPC error (-32602) a provider's caller gets."""
+
+    def __init__(self, message: str, data: dict[str, object]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
 
 
 class LimitExceeded(BrokerError):

@@ -24,7 +24,7 @@ from broker.auth import Principal
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
-from broker.errors import BackendUnavailable, LimitExceeded, NotFound
+from broker.errors import BackendUnavailable, LimitExceeded, NotFound, ResourceRefused
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
@@ -197,6 +197,8 @@ class Methods:
             contents = await self.resources.read(call.principal, uri)
         except NotFound as exc:
             raise self.not_found(call, uri) from exc
+        except ResourceRefused as exc:  # too large, not a regular file: it is there, and is not served
+            raise rpc.RpcError(rpc.INVALID_PARAMS, exc.message, exc.data) from exc
         return {"contents": contents}
 
     async def _resources_subscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,267 @@
+"""Files on a volume as resources: ``file://<absolute path>`` of the tenant whose root holds them.
+
+``MCP_BROKER_FILE_ROOTS`` maps tenants to directories. A file under a tenant's root is a resource
+of that tenant only: for any other principal it does not exist, exactly as a missing file. Its
+URI is ``file://`` and its absolute path, percent-encoded byte by byte (``urllib.parse.quote``
+with ``/`` kept), and only that one spelling names it: URIs are compared as exact strings, so a
+second spelling would subscribe to changes that are never published under it.
+
+Nothing outside a root is ever read. A URI is refused as not found when its path has ``.``,
+``..`` or empty segments, a percent-encoded ``/``, ``.`` or NUL (any spelling but the canonical
+one), or resolves (``os.path.realpath``: symlinks of the file or of a parent directory) outside
+its root. The resolved path is then opened one segment at a time from the root's own descriptor
+with ``O_NOFOLLOW``, so a symlink swapped in after the check is refused, not followed. What is
+there but is not a regular file (a directory, FIFO, socket, device) is ``NotAFile``, a file above
+``max_file_bytes`` is ``FileTooLarge``: both JSON-RPC -32602 with data (``broker/methods.py``).
+
+The changes are published by ``FileWatcher`` (``broker/filewatch.py``), one worker of the
+deployment at a time. ``docs/sources/files.md`` describes the whole feature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import mimetypes
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, unquote_to_bytes
+
+from broker.auth import Principal
+from broker.errors import NotFound, ResourceRefused
+
+if TYPE_CHECKING:
+    from broker.config import Settings
+
+__all__ = ["FileRefused", "FileRoot", "FileTooLarge", "FilesProvider", "NotAFile", "file_uri", "roots_of", "scan"]
+
+Json = dict[str, Any]
+PREFIX: Final = "file://"
+_OPEN_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_DIRECTORY
+
+
+class FileRefused(ResourceRefused):
+    """A file that exists and may be seen, but is not served; ``data`` goes into the JSON-RPC error."""
+
+
+class FileTooLarge(FileRefused):
+    """A file larger than ``max_file_bytes``."""
+
+    def __init__(self, uri: str, size: int, limit: int) -> None:
+        super().__init__(f"File too large: {uri} is {size} bytes, more than the limit of {limit} bytes",
+                         {"uri": uri, "size": size, "maxBytes": limit})
+
+
+class NotAFile(FileRefused):
+    """A directory, FIFO, socket or device: only regular files are resources."""
+
+    def __init__(self, uri: str, kind: str) -> None:
+        super().__init__(f"Not a regular file: {uri} is a {kind}", {"uri": uri, "kind": kind})
+
+
+def file_uri(path: str) -> str:
+    """The one URI of the absolute ``path``: ``file://`` and its bytes, percent-encoded except ``/``."""
+    return PREFIX + quote(os.fsencode(path), safe="/")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISLNK, "symlink")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRoot:
+    """One tenant's directory: ``path`` as configured (absolute, normalised), ``real`` resolved."""
+
+    tenant: str
+    path: str
+    real: str
+
+    @classmethod
+    def of(cls, tenant: str, path: str) -> FileRoot:
+        norm = os.path.normpath(path)
+        return cls(tenant, norm, os.path.realpath(norm))
+
+    @property
+    def uri_prefix(self) -> str:
+        return file_uri(self.path.rstrip("/") + "/")
+
+    def uri(self, relative: str) -> str:
+        return file_uri(os.path.join(self.path, relative))
+
+
+def scan(root: FileRoot, *, dirs: bool = False) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file under ``root`` (not following symlinks), as (path relative to it, its lstat);
+    with ``dirs``, its directories too (the root itself as ``""``)."""
+    stack = [""]
+    if dirs:
+        try:
+            yield "", os.stat(root.path)
+        except OSError:
+            return
+    while stack:
+        relative = stack.pop()
+        try:
+            with os.scandir(os.path.join(root.path, relative)) as entries:
+                found = [(os.path.join(relative, e.name), e) for e in entries]
+        except OSError:
+            continue
+        for path, entry in sorted(found, key=lambda item: item[0], reverse=True):
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                stack.append(path)
+                if dirs:
+                    yield path, info
+            elif stat.S_ISREG(info.st_mode):
+                yield path, info
+
+
+class FilesProvider:
+    """Answers for ``file://`` URIs under the configured roots, each to its own tenant only."""
+
+    def __init__(self, roots: list[FileRoot], max_bytes: int) -> None:
+        self.roots = sorted(roots, key=lambda r: len(r.path), reverse=True)  # the deepest root answers
+        self.max_bytes = max_bytes
+        self._prefixes = tuple(r.uri_prefix for r in self.roots)
+
+    def owns(self, uri: str) -> bool:
+        return uri.startswith(self._prefixes)
+
+    def _root_of(self, uri: str) -> FileRoot | None:
+        return next((r for r in self.roots if uri.startswith(r.uri_prefix)), None)
+
+    def locate(self, principal: Principal, uri: str) -> tuple[FileRoot, list[str]]:
+        """The root and the path segments (relative to it) that ``uri`` names, after every lexical check.
+
+        Raises:
+            NotFound: another tenant's root, or a URI that is not the canonical spelling of a path
+                under the root (``..``, ``.``, ``//``, encoded separators, dots or NUL).
+        """
+        root = self._root_of(uri)
+        if root is None or root.tenant != principal.tenant:
+            raise NotFound(uri)
+        encoded = uri[len(PREFIX):]
+        if "?" in encoded or "#" in encoded:
+            raise NotFound(uri)
+        raw = unquote_to_bytes(encoded)
+        if b"\x00" in raw:
+            raise NotFound(uri)
+        path = os.fsdecode(raw)
+        if file_uri(path) != uri:  # %2e, %2f, %41, lower-case hex: not the one spelling
+            raise NotFound(uri)
+        relative = path[len(root.path.rstrip("/")) + 1:]
+        parts = relative.split("/")
+        if not relative or any(p in ("", ".", "..") for p in parts):
+            raise NotFound(uri)
+        return root, parts
+
+    def _resolve(self, uri: str, root: FileRoot, parts: list[str]) -> list[str]:
+        """The segments of the resolved path, relative to the resolved root. Raises NotFound when it escapes."""
+        real = os.path.realpath(os.path.join(root.path, *parts))
+        if os.path.commonpath([real, root.real]) != root.real or real == root.real:
+            raise NotFound(uri)
+        return os.path.relpath(real, root.real).split(os.sep)
+
+    def can_watch(self, principal: Principal, uri: str) -> bool:
+        """The lexical and tenant checks of ``read``: a file that does not exist yet may be watched."""
+        try:
+            root, parts = self.locate(principal, uri)
+            self._resolve(uri, root, parts)
+        except NotFound:
+            return False
+        return True
+
+    async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
+        return await asyncio.to_thread(self._list_page, principal, state, limit)
+
+    def _list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
+        found: list[tuple[str, os.stat_result]] = []
+        for root in self.roots:
+            if root.tenant != principal.tenant:
+                continue
+            for relative, info in scan(root):
+                path = os.path.join(root.path, relative)
+                if (state is None or path > state) and self._root_of(file_uri(path)) is root:
+                    found.append((path, info))  # a nested root's files are its own (maybe another tenant's)
+        found.sort(key=lambda item: item[0])
+        items: list[Json] = []
+        for path, info in found[:limit]:
+            items.append({"uri": file_uri(path), "name": os.path.basename(path),
+                          "mimeType": mimetypes.guess_type(path)[0] or "application/octet-stream",
+                          "size": info.st_size})
+        return items, (found[limit - 1][0] if len(found) > limit else None)
+
+    async def read(self, principal: Principal, uri: str) -> list[Json]:
+        root, parts = self.locate(principal, uri)
+        data = await asyncio.to_thread(self._read_bytes, uri, root, parts)
+        mime = mimetypes.guess_type(os.path.join(root.path, *parts))[0] or "application/octet-stream"
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return [{"uri": uri, "mimeType": mime, "blob": base64.b64encode(data).decode()}]
+        if mime == "application/octet-stream":
+            mime = "text/plain"
+        return [{"uri": uri, "mimeType": mime, "text": text}]
+
+    def _read_bytes(self, uri: str, root: FileRoot, parts: list[str]) -> bytes:
+        """Open the resolved path from the root's descriptor, one segment at a time without following links."""
+        segments = self._resolve(uri, root, parts)
+        try:
+            fd = os.open(root.real, _DIR_FLAGS)
+        except OSError as exc:
+            raise NotFound(uri) from exc
+        try:
+            for segment in segments[:-1]:
+                try:
+                    parent, fd = fd, os.open(segment, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:  # missing, not a directory, or a symlink swapped in (ELOOP)
+                    raise NotFound(uri) from exc
+                os.close(parent)
+            try:
+                info = os.stat(segments[-1], dir_fd=fd, follow_symlinks=False)
+            except OSError as exc:
+                raise NotFound(uri) from exc
+            if not stat.S_ISREG(info.st_mode):
+                raise NotAFile(uri, _kind(info.st_mode))  # stat first: opening a FIFO or device is itself an act
+            try:
+                file_fd = os.open(segments[-1], _OPEN_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise NotFound(uri) from exc
+        finally:
+            os.close(fd)
+        with os.fdopen(file_fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):  # swapped between the stat and the open
+                raise NotAFile(uri, _kind(info.st_mode))
+            if info.st_size > self.max_bytes:
+                raise FileTooLarge(uri, info.st_size, self.max_bytes)
+            data = handle.read(self.max_bytes + 1)
+        if len(data) > self.max_bytes:  # it grew since the fstat
+            raise FileTooLarge(uri, len(data), self.max_bytes)
+        return data
+
+    def templates(self, principal: Principal) -> list[Json]:
+        return [{"uriTemplate": root.uri_prefix + "{path}", "name": f"files under {root.path}",
+                 "description": "A file under this directory (path segments percent-encoded)"}
+                for root in sorted(self.roots, key=lambda r: r.path) if root.tenant == principal.tenant]
+
+
+def roots_of(settings: Settings) -> list[FileRoot]:
+    """The configured roots. Raises ValueError naming ``MCP_BROKER_FILE_ROOTS`` for one that is not a directory."""
+    roots = []
+    for tenant, path in settings.file_roots.items():
+        if not os.path.isabs(path) or not os.path.isdir(path):
+            raise ValueError(f"MCP_BROKER_FILE_ROOTS: {path!r} (tenant {tenant!r}) is not an absolute path "
+                             "to an existing directory")
+        roots.append(FileRoot.of(tenant, path))
+    return roots
