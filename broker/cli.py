@@ -160,6 +160,27 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _postgres(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from broker.config import Settings
+    from broker.postgres import check_tables, install
+
+    settings = Settings()
+    try:
+        if not settings.postgres_url:
+            raise ValueError("MCP_BROKER_POSTGRES_URL is not set; write postgresql://user@host:5432/db")
+        check_tables(settings.postgres_tables)
+        lines = asyncio.run(install(settings.postgres_url, settings.postgres_tables))
+    except (ValueError, psycopg.Error) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"mcp-broker postgres {args.action}: {message}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    return 0
+
+
 class _Refused(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
@@ -301,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a running server to publish through (POST /changes), e.g. http://127.0.0.1:8080")
     publish.add_argument("--key", default=None, help="an API key for --url (Authorization: Bearer)")
     publish.set_defaults(func=_publish)
+
+    postgres = sub.add_parser("postgres", help="PostgreSQL tables as resources (MCP_BROKER_POSTGRES_URL, _TABLES)",
+                              formatter_class=formatter)
+    postgres.add_argument("action", choices=["install"],
+                          help="install: create the outbox, the cursor table and a trigger on each table")
+    postgres.set_defaults(func=_postgres)
     return parser
 
 
