@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -172,7 +177,19 @@ class Settings(BaseSettings):
     #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = Field(default=(50_000, 50, 100), max_length=3)
 
-    # -- change sources ---------------------------------------------------------------------
+    # -- change sources (docs/SOURCES.md) -------------------------------------------------------
+    #: JSON map of tenant to directory: its files are resources ``file://<absolute path>`` of
+    #: that tenant, watched for changes (``broker/files.py``).
+    file_roots: dict[str, str] = Field(default_factory=dict)
+    #: Files larger than this are not served (a precise error instead).
+    max_file_bytes: int = Field(default=10_485_760, ge=1, le=1_073_741_824)
+    #: PostgreSQL to watch (``postgresql://...``); empty: none (``broker/postgres.py``).
+    postgres_url: str = ""
+    #: JSON map of table (``schema.table`` or ``table``) to the tenant whose records its rows are.
+    postgres_tables: dict[str, str] = Field(default_factory=dict)
+    #: JSON list of ``module:factory`` callables that return providers and change sources of the
+    #: deployment's own code (``broker/extensions.py``).
+    providers: list[str] = Field(default_factory=list)
     #: The lease of a change source that runs on one worker of the deployment at a time: the
     #: worker running it renews it every third of this; one that stops renewing (it died, or
     #: lost the backend) stops the source, and another worker takes it over after this long.
@@ -199,6 +216,13 @@ class Settings(BaseSettings):
     # -- demo ---------------------------------------------------------------------------------
     demo: bool = False
     demo_interval: float = Field(default=3.0, gt=0)
+
+    @field_validator("providers")
+    @classmethod
+    def _loadable_providers(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            load_provider_factory(spec)  # a ValueError of one line naming MCP_BROKER_PROVIDERS
+        return value
 
     @field_validator("allowed_origins")
     @classmethod
@@ -228,6 +252,18 @@ class Settings(BaseSettings):
             raise ValueError(f"MCP_BROKER_DEFAULT_TENANT: {problem}")
         return value
 
+    @field_validator("file_roots")
+    @classmethod
+    def _valid_file_roots(cls, value: dict[str, str]) -> dict[str, str]:
+        for tenant, path in value.items():
+            problem = tenant_problem(tenant)
+            if problem:
+                raise ValueError(f'MCP_BROKER_FILE_ROOTS: {problem}; write {{"<tenant>": "/absolute/directory"}}')
+            if not os.path.isabs(path) or not os.path.isdir(path):
+                raise ValueError(f"MCP_BROKER_FILE_ROOTS: {path!r} (tenant {tenant!r}) is not an absolute path "
+                                 "to an existing directory")
+        return value
+
     @field_validator("api_keys")
     @classmethod
     def _valid_key_bindings(cls, value: dict[str, str]) -> dict[str, str]:
@@ -241,3 +277,34 @@ class Settings(BaseSettings):
             if problem:
                 raise ValueError(f'MCP_BROKER_API_KEYS: {problem}; write {{"<key>": "<tenant>/<subject>"}}')
         return value
+
+
+#: ``package.module:name`` (the module dotted, the name an identifier or dotted attributes of one).
+_FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def load_provider_factory(spec: str) -> Callable[..., Any]:
+    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported.
+
+    Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
+    cannot be imported, or it has no such callable. The working directory is importable, as it
+    is for ``python -m`` and ``uvicorn`` (``broker/extensions.py`` calls the factories).
+    """
+    if not _FACTORY_SPEC.match(spec):
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
+    module_name, _, attribute = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # whatever the module raises while it is imported: one line that names it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: importing {module_name} failed: "
+                         f"{type(exc).__name__}: {first}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: {module_name} has no {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory")
+    return target  # type: ignore[no-any-return]
