@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker import __version__
@@ -37,7 +37,7 @@ from broker.publisher import Publisher
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.sessions import Sessions
-from broker.sources import ChangeSource, SourceRunner
+from broker.sources import ChangeSource, Extension, SourceRunner
 from broker.tasks import stop_tasks
 
 __all__ = ["RUNNING", "Broker"]
@@ -49,6 +49,24 @@ RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 #: Seconds between two counts of the deployment's live sessions (``mcp_broker_sessions_open``).
 SESSIONS_COUNT_INTERVAL = 5.0
+
+
+def extension_builders(settings: Settings) -> list[Callable[[Settings], Extension]]:
+    """The extensions the settings turn on, each built from the settings (imported only when used)."""
+    builders: list[Callable[[Settings], Extension]] = []
+    if settings.file_roots:
+        from broker.filewatch import build as files
+
+        builders.append(files)
+    if settings.postgres_url:
+        from broker.postgres import build as postgres
+
+        builders.append(postgres)
+    if settings.providers:
+        from broker.extensions import build as custom
+
+        builders.append(custom)
+    return builders
 
 
 def default_metrics(settings: Settings) -> Metrics:
@@ -141,6 +159,15 @@ class Broker:
 
             self.register(demo_provider())
             self.add_source(DemoSource(self.records, settings.default_tenant, settings.demo_interval))
+        for build in extension_builders(settings):
+            self.extend(build(settings))
+
+    def extend(self, extension: Extension) -> None:
+        """Add an extension's providers (answering before the built-ins) and its change sources."""
+        for provider in extension.providers:
+            self.register(provider)
+        for source in extension.sources:
+            self.add_source(source)
 
     def register(self, provider: ResourceProvider) -> None:
         """Add a custom resource provider; it answers before the built-in record collections."""

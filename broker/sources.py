@@ -23,14 +23,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from broker.backends.base import Leases
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.metrics import NO_METRICS, Metrics
 from broker.publisher import Publisher
+from broker.resources.base import ResourceProvider
 
-__all__ = ["ChangeSource", "SourceRunner"]
+__all__ = ["ChangeSource", "Extension", "SourceRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,15 @@ class ChangeSource(Protocol):
 
     async def run(self, publisher: Publisher) -> None:
         """Publish changes until cancelled (or return when there is nothing more to publish)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """What a built-in source module or a deployment's own ``module:factory`` adds: providers that
+    answer for its URIs, and the change sources that publish their changes."""
+
+    providers: Sequence[ResourceProvider] = ()
+    sources: Sequence[ChangeSource] = ()
 
 
 class SourceRunner:
