@@ -265,6 +265,19 @@ def _settings_problems() -> list[str]:
     return problems
 
 
+def _provider_problems(settings: Settings) -> list[str]:
+    """One line for each ``MCP_BROKER_PROVIDERS`` entry that cannot be imported (checked before a start)."""
+    from broker.config import load_provider_factory
+
+    problems = []
+    for spec in settings.providers:
+        try:
+            load_provider_factory(spec)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 #: What a JSON setting looks like, for the line that says one is not JSON.
 _JSON_EXAMPLES = {
     "MCP_BROKER_API_KEYS": ', e.g. \'{"k3y": "acme/alice"}\'',
@@ -339,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_format is not None:
         os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
     problems = _settings_problems()
+    if not problems and args.command in ("serve", "stdio"):  # the commands that load the providers
+        from broker.config import Settings
+
+        problems = _provider_problems(Settings())
     if problems:
         _say_bad(problems)
         return 2

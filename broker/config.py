@@ -220,8 +220,12 @@ class Settings(BaseSettings):
     @field_validator("providers")
     @classmethod
     def _loadable_providers(cls, value: list[str]) -> list[str]:
+        # The form only: the modules are imported where they are used (``mcp-broker serve`` and
+        # ``stdio`` check them at start, ``broker.cli._settings_problems``), not by every command
+        # that reads the settings, nor again from inside a module being imported.
         for spec in value:
-            load_provider_factory(spec)  # a ValueError of one line naming MCP_BROKER_PROVIDERS
+            if not _FACTORY_SPEC.match(spec):
+                raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
         return value
 
     @field_validator("allowed_origins")
@@ -255,6 +259,7 @@ class Settings(BaseSettings):
     @field_validator("file_roots")
     @classmethod
     def _valid_file_roots(cls, value: dict[str, str]) -> dict[str, str]:
+        real: dict[str, str] = {}
         for tenant, path in value.items():
             problem = tenant_problem(tenant)
             if problem:
@@ -262,6 +267,14 @@ class Settings(BaseSettings):
             if not os.path.isabs(path) or not os.path.isdir(path):
                 raise ValueError(f"MCP_BROKER_FILE_ROOTS: {path!r} (tenant {tenant!r}) is not an absolute path "
                                  "to an existing directory")
+            real[tenant] = os.path.realpath(path)
+        # Roots of two tenants may not share a file: one nested in (or the same as) the other, once
+        # symlinks are resolved, would let a tenant reach the other's files through a path or a link.
+        for tenant, path in real.items():
+            for other, other_path in real.items():
+                if other != tenant and (path == other_path or path.startswith(other_path.rstrip("/") + "/")):
+                    raise ValueError(f"MCP_BROKER_FILE_ROOTS: the roots of tenants {tenant!r} ({value[tenant]}) and "
+                                     f"{other!r} ({value[other]}) overlap; give each tenant a directory of its own")
         return value
 
     @field_validator("api_keys")

@@ -104,9 +104,17 @@ class LiveSource:
         self.exclusive = bool(getattr(provider, "exclusive", True)) if exclusive is None else exclusive
 
     async def run(self, publisher: Publisher) -> None:
-        async for change in self.provider.subscribe():
-            tenant, uri, kind, meta = change
-            await self._publish(publisher, tenant, uri, kind, meta)
+        # Closed when the source stops (cancelled, or its lease lost), not whenever it is collected:
+        # the provider's own ``finally`` (a queue, a LISTEN) runs at once.
+        changes = self.provider.subscribe()
+        try:
+            async for change in changes:
+                tenant, uri, kind, meta = change
+                await self._publish(publisher, tenant, uri, kind, meta)
+        finally:
+            close = getattr(changes, "aclose", None)  # an async generator has one; any iterator may not
+            if close is not None:
+                await close()
 
     async def _publish(self, publisher: Publisher, tenant: str, uri: str, kind: Any, meta: Any) -> None:
         """Publish one change; a refused one (a full log, an unreachable backend) is offered again

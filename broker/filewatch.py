@@ -29,6 +29,7 @@ first yield), so nothing that changes meanwhile falls between the two:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
@@ -112,6 +113,17 @@ class FileWatcher:
 
     async def _batch(self, publisher: Publisher, paths: set[str]) -> None:
         seen = self._seen if self._seen is not None else {}
+        # The disk is read in a thread, never on the event loop (a root may hold many files); only
+        # this task touches ``seen``, so the thread reads it while nothing changes it.
+        changed = await asyncio.to_thread(self._changes, paths, seen)
+        for path, before, now in changed:
+            kind = ChangeKind.CREATED if before is None else ChangeKind.DELETED if now is None else ChangeKind.UPDATED
+            await self._publish(publisher, seen, path, now, kind)
+        self._seen = seen
+
+    def _changes(self, paths: set[str], seen: dict[str, Signature]) -> list[tuple[str, Signature | None,
+                                                                                Signature | None]]:
+        """The files a batch of events touched whose signature differs from ``seen``, in path order."""
         candidates: set[str] = set()
         for path in paths:
             candidates.add(path)
@@ -121,18 +133,18 @@ class FileWatcher:
             if root is not None and os.path.isdir(path) and not os.path.islink(path):  # one moved in
                 sub = FileRoot(root.tenant, path, os.path.realpath(path))
                 candidates.update(os.path.join(path, relative) for relative, _ in scan(sub))
+        changed = []
         for path in sorted(candidates):
             before, now = seen.get(path), _signature(path)
-            if before == now:
-                continue
-            kind = ChangeKind.CREATED if before is None else ChangeKind.DELETED if now is None else ChangeKind.UPDATED
-            await self._publish(publisher, seen, path, now, kind)
-        self._seen = seen
+            if before != now:
+                changed.append((path, before, now))
+        return changed
 
-    async def _resync(self, publisher: Publisher) -> None:
+    def _scan_all(self, horizon: int) -> tuple[dict[str, Signature], set[str]]:
+        """Every file of the roots with its signature, and the directories changed since ``horizon``
+        (in a thread: the walk may be long)."""
         current: dict[str, Signature] = {}
         recent_dirs: set[str] = set()
-        horizon = time.time_ns() - int(self.catch_up * 1e9)
         for root in self.roots:
             for relative, info in scan(root, dirs=True):
                 path = os.path.join(root.path, relative) if relative else root.path
@@ -143,6 +155,11 @@ class FileWatcher:
                         recent_dirs.add(path)
                 else:
                     current[path] = Signature.of(info)
+        return current, recent_dirs
+
+    async def _resync(self, publisher: Publisher) -> None:
+        horizon = time.time_ns() - int(self.catch_up * 1e9)
+        current, recent_dirs = await asyncio.to_thread(self._scan_all, horizon)
         published = 0
         if self._seen is not None:
             seen = self._seen

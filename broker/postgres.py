@@ -89,7 +89,8 @@ class PostgresProvider:
     async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
         """The principal's tables, as collections (the configuration bounds them); rows are not listed."""
         names = sorted(table for table, tenant in self.tables.items() if tenant == principal.tenant)
-        start = int(state) if state and state.isdigit() else 0
+        # The state comes back from a client (inside the listing's cursor): ASCII digits only.
+        start = int(state) if state and state.isascii() and state.isdigit() else 0
         page = [self._collection_item(principal.tenant, name) for name in names[start:start + limit]]
         following = start + len(page)
         return page, (str(following) if following < len(names) else None)
@@ -124,21 +125,25 @@ class PostgresProvider:
     async def _query(self, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
         """Run ``query`` (``{table}``, ``{pk}`` filled in) on the shared connection; one retry on a fresh one."""
         for attempt in (1, 2):
-            try:
-                async with asyncio.timeout(READ_TIMEOUT), self._lock:
-                    conn = await self._connection()
-                    key = self._keys.get(table)
-                    if key is None:
-                        key = self._keys[table] = await table_key(conn, table)
-                    statement = sql.SQL(query).format(table=key.table_sql, pk=sql.Identifier(key.column))
-                    return await (await conn.execute(statement, params)).fetchall()
-            except (psycopg.OperationalError, TimeoutError) as exc:
-                await self._discard()
-                if attempt == 2:
+            # The lock first, then the deadline: a read waiting its turn does not time out the one
+            # in flight, and only the holder of the lock ever discards the connection it used.
+            async with self._lock:
+                try:
+                    async with asyncio.timeout(READ_TIMEOUT):
+                        conn = await self._connection()
+                        key = self._keys.get(table)
+                        if key is None:
+                            key = self._keys[table] = await table_key(conn, table)
+                        statement = sql.SQL(query).format(table=key.table_sql, pk=sql.Identifier(key.column))
+                        return await (await conn.execute(statement, params)).fetchall()
+                except (psycopg.OperationalError, TimeoutError) as exc:
+                    await self._discard()
+                    if attempt == 2:
+                        raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
+                except (ValueError, psycopg.ProgrammingError) as exc:  # the table is gone, or its key changed
+                    self._keys.pop(table, None)
+                    logger.warning("postgres provider: %s", exc)
                     raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
-            except ValueError as exc:  # the table is gone, or its key changed since install
-                logger.warning("postgres provider: %s", exc)
-                raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
         raise AssertionError("unreachable")
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:

@@ -220,11 +220,13 @@ class Broker:
 
     async def stop(self) -> None:
         RUNNING.discard(self)
-        await self._hub.shutdown()
-        await stop_tasks(self._tasks)
-        self._tasks.clear()
-        await self.backend.close()
-        self.started = False
+        try:
+            await self._hub.shutdown()
+            await stop_tasks(self._tasks)
+            self._tasks.clear()
+            await self.backend.close()
+        finally:
+            self.started = False
         close = getattr(self.metrics, "close", None)
         if close is not None:
             close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
