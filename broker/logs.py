@@ -3,7 +3,7 @@
 ``configure`` sets up the broker's loggers (and uvicorn's) on stderr, at ``log_level``, as
 readable text or as one JSON object a line (``log_format``): time, level, logger, the worker's
 pid, the message, and the tenant, session and request id of the request being served when there
-is one (``context``, set by the HTTP transport). ``rejected`` logs refused requests (401, 403, 413,
+is one (``bind``, set by the app for each request). ``rejected`` logs refused requests (401, 403, 413,
 421, 429, ...) at a bounded rate, so a flood of bad requests cannot flood the log: at most one
 line per route and status every ``REJECTED_EVERY`` seconds, with how many were refused meanwhile.
 ``startup`` is the one line each worker writes at start with its effective configuration, secrets
@@ -18,14 +18,12 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Final
 
 from broker import __version__
 from broker.config import Settings
 
-__all__ = ["REJECTED_EVERY", "JsonFormatter", "bind", "configure", "context", "rejected", "startup_line"]
+__all__ = ["REJECTED_EVERY", "JsonFormatter", "bind", "configure", "rejected", "startup_line"]
 
 logger = logging.getLogger("broker.requests")
 
@@ -40,17 +38,6 @@ TEXT_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]%(contex
 def bind(**fields: str | None) -> None:
     """Name the request this task serves in every line it logs from now on (each request has its task)."""
     _CONTEXT.set({k: v for k, v in fields.items() if v})
-
-
-@contextmanager
-def context(**fields: str | None) -> Iterator[None]:
-    """Name the request being served in every line logged inside (``tenant``, ``session``, ``request``)."""
-    current = _CONTEXT.get() or {}
-    token = _CONTEXT.set({**current, **{k: v for k, v in fields.items() if v}})
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
 
 
 class _ContextFilter(logging.Filter):

@@ -15,7 +15,7 @@ import pytest
 
 from tests.distributed.conftest import WORKER_ENV, Deployment
 from tests.integration.mcp_http import McpSession, publish
-from tests.integration.test_metrics import Samples, scrape, value, wait_for
+from tests.integration.test_metrics import Samples, open_streams, scrape, value, wait_for
 from tests.support import BrokerProcess, RedisProcess
 
 
@@ -30,13 +30,7 @@ async def test_three_workers_on_one_redis_count_the_deployments_traffic_between_
     urls = [worker.url for worker in deployment.workers]
     before = [scrape(url) for url in urls]
     async with httpx.AsyncClient(base_url=deployment.url, timeout=10) as http, AsyncExitStack() as stack:
-        opened = []
-        for _ in range(streams):
-            mcp = await McpSession(http).initialize()
-            await mcp.subscribe(uri)
-            opened.append(await stack.enter_async_context(mcp.stream()))
-        for stream in opened:
-            await stream.next_event()
+        opened = await open_streams(http, stack, uri, streams)
         for _ in range(changes):
             await publish(http, uri)
             for stream in opened:

@@ -10,7 +10,6 @@ notified exactly once (two runners would publish it twice).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 
 from tests.distributed.conftest import Deployment
 from tests.integration.mcp_http import McpSession, SSEStream
-from tests.integration.test_metrics import scrape, value
+from tests.integration.test_metrics import scrape, value, wait_for
 
 LEASE_MS = 1000
 
@@ -41,15 +40,6 @@ async def next_update(stream: SSEStream, timeout: float) -> str | None:
             return event.uri
 
 
-async def until(check: object, what: str, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():  # type: ignore[operator]
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout}s in vain for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.timeout(120)
 async def test_the_watcher_runs_once_moves_when_its_worker_is_killed_and_misses_nothing(tmp_path: Path) -> None:
     root = tmp_path / "files"
@@ -59,7 +49,7 @@ async def test_the_watcher_runs_once_moves_when_its_worker_is_killed_and_misses_
     env = {"MCP_BROKER_FILE_ROOTS": json.dumps({"default": str(root)}), "MCP_BROKER_SOURCE_LEASE_MS": str(LEASE_MS)}
     deployment = Deployment(env=env)
     try:
-        await until(lambda: len(runners(deployment)) == 1, "one worker to run the watcher")
+        await wait_for(lambda: len(runners(deployment)) == 1, "one worker to run the watcher", timeout=15)
         holder = runners(deployment)[0]
         other = deployment.workers[(holder + 1) % 3]
         uri, marker_uri = f"file://{watched}", f"file://{marker}"
@@ -73,7 +63,8 @@ async def test_the_watcher_runs_once_moves_when_its_worker_is_killed_and_misses_
                 assert await next_update(stream, 5) == uri
                 deployment.workers[holder].kill()
                 watched.write_text("v3")  # while nobody watches
-                await until(lambda: len(runners(deployment)) == 1, "another worker to take the watcher over")
+                await wait_for(lambda: len(runners(deployment)) == 1, "another worker to take the watcher over",
+                               timeout=15)
                 # The new runner's rescan notifies the change made meanwhile.
                 assert await next_update(stream, 15) == uri
                 read = await mcp.result("resources/read", {"uri": uri})

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.metrics import CATALOG, OTHER_TENANTS, TenantCounter, TenantLabels
 from broker.prometheus import PrometheusMetrics
 from examples.counting_metrics import CountingMetrics
-from tests.integration.mcp_http import McpSession, publish
+from tests.integration.mcp_http import McpSession, SSEStream, publish
 from tests.support import BrokerProcess
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -42,6 +42,18 @@ def scrape(url: str) -> Samples:
     return parse(answer.text)
 
 
+async def open_streams(http: httpx.AsyncClient, stack: AsyncExitStack, uri: str, count: int) -> list[SSEStream]:
+    """``count`` sessions subscribed to ``uri``, each with its GET stream open (past its priming event)."""
+    opened = []
+    for _ in range(count):
+        mcp = await McpSession(http).initialize()
+        await mcp.subscribe(uri)
+        opened.append(await stack.enter_async_context(mcp.stream()))
+    for stream in opened:
+        await stream.next_event()  # the priming event: the stream is live
+    return opened
+
+
 async def wait_for(check: object, what: str, timeout: float = 10.0) -> None:
     """Poll a figure another process reports periodically (no fixed sleep)."""
     loop = asyncio.get_running_loop()
@@ -62,13 +74,7 @@ async def test_a_scrape_counts_publishes_fanout_notifications_and_answers_exactl
     changes, streams, uri = 5, 3, "https://example.com/metrics-a"
     before = scrape(broker.url)
     async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http, AsyncExitStack() as stack:
-        opened = []
-        for _ in range(streams):
-            mcp = await McpSession(http).initialize()
-            await mcp.subscribe(uri)
-            opened.append(await stack.enter_async_context(mcp.stream()))
-        for stream in opened:
-            await stream.next_event()  # the priming event: the stream is live
+        opened = await open_streams(http, stack, uri, streams)
         for _ in range(changes):
             await publish(http, uri)
             for stream in opened:

@@ -237,10 +237,10 @@ async def test_a_stdio_process_watches_the_resources_of_a_running_broker(redis_s
     with BrokerProcess(env=env) as broker:
         async with stdio_process(MCP_BROKER_DEMO="false", **env) as stdio, \
                 httpx.AsyncClient(base_url=broker.url, timeout=TIMEOUT) as rest:
-            uri = "mcpb://default/shared/x"
+            uri = "mcpb://default/common/x"
             await stdio.send(listen_request(1, uri))
             await stdio.until(is_ack(1))
-            assert (await rest.put("/collections/shared/x", json={"a": 1})).status_code in (200, 201)
+            assert (await rest.put("/collections/common/x", json={"a": 1})).status_code in (200, 201)
             frame = await stdio.until(is_update(1))
             assert frame["params"]["uri"] == uri
             await stdio.send({"jsonrpc": "2.0", "id": 2, "method": "resources/read",
