@@ -35,6 +35,10 @@ class Principal:
     subject: str
     #: The scopes it holds (not part of its identity: a session stays bound across a token refresh).
     scopes: frozenset[str] = field(default=ALL_SCOPES, compare=False)
+    #: When its credential stops being valid (a token's ``exp``, a key's expiry; Unix seconds), None: never.
+    expires_at: float | None = field(default=None, compare=False)
+    #: Which stored credential it came from (a runtime API key's id), so a revocation can find its streams.
+    credential: str | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
