@@ -9,24 +9,20 @@ served directly: FastAPI's middleware stack wraps ``send`` three times and its r
 dependency solving cost more per request than the broker's own work there; so are the probes.
 Everything else, lifespan included, is the FastAPI app.
 
-``mount_broker(app, "/broker")`` serves a broker inside an existing FastAPI or Starlette app,
-started and stopped with that app (see the comment above it).
+``broker.mount.mount_broker(app, "/broker")`` serves a broker inside an existing FastAPI or
+Starlette app, started and stopped with that app.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -36,16 +32,14 @@ from broker.config import Settings
 from broker.errors import BackendUnavailable
 from broker.metrics import Counter
 from broker.runtime import Broker
-from broker.server import BrokerServer
-from broker.tasks import stop_tasks
-from broker.transport.edge import Edge, Style, principal_of, refusal
+from broker.transport.edge import Edge, Style, principal_of, refusal, scope_challenger
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
 from broker.transport.ops import Livez, MetricsEndpoint, Readyz
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
 
-__all__ = ["BrokerApp", "app_from_env", "broker_lifespan", "create_app", "mount_broker", "running_uvicorn"]
+__all__ = ["BrokerApp", "app_from_env", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +90,13 @@ class BrokerApp:
         self._answers: dict[tuple[str, int], Counter] = {}
         self._warned_host = False
         self._warned_not_started = False
-        self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms)
+        challenge = scope_challenger(broker.authenticator)
+        self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms,
+                               challenge=challenge)
         render = getattr(broker.metrics, "render", None) if settings.metrics else None
         #: Served directly, each with its name (for the counters) and edge policy.
         self._direct: dict[str, tuple[Responder, str, Route]] = {
-            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes), "changes", CHANGES),
+            "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes, challenge), "changes", CHANGES),
             "/livez": (Livez(), "livez", _PROBE),
             "/readyz": (Readyz(broker.health), "readyz", _PROBE),
             "/metrics": (MetricsEndpoint(render), "metrics", _PROBE),
@@ -158,8 +154,8 @@ class BrokerApp:
         if not self._warned_not_started:
             self._warned_not_started = True
             logger.error("answering 503 to %s: the broker is not started (its app's lifespan never ran). Mounted "
-                         "in another app, mount it with broker.app.mount_broker(app, prefix), or enter "
-                         "broker.app.broker_lifespan(broker) in the host's lifespan", path)
+                         "in another app, mount it with broker.mount.mount_broker(app, prefix), or enter "
+                         "broker.mount.broker_lifespan(broker) in the host's lifespan", path)
         style = Style.RPC if path == "/mcp" else Style.REST
         response = refusal(style, 503, NOT_STARTED, {"Retry-After": "1"})
         self._answered("mcp" if path == "/mcp" else "other", 503)
@@ -210,7 +206,7 @@ class BrokerApp:
 
 #: What a request to a broker that is not running is told.
 NOT_STARTED: Final = ("Service unavailable: the broker is not started (mounted in another app? "
-                      "use broker.app.mount_broker, see docs/sources/custom.md)")
+                      "use broker.mount.mount_broker, see docs/sources/custom.md)")
 
 
 def _route_path(path: str, root: str) -> str:
@@ -268,7 +264,8 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
                   redirect_slashes=False, docs_url="/docs" if docs else None, redoc_url=None,
                   openapi_url="/openapi.json" if docs else None)
     api.state.broker = broker
-    api.include_router(build_router(broker.settings, broker.records, broker.health))
+    api.include_router(build_router(broker.settings, broker.records, broker.health,
+                                    scope_challenger(broker.authenticator)))
 
     @api.exception_handler(BackendUnavailable)
     async def unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:
@@ -282,117 +279,3 @@ def app_from_env() -> BrokerApp:
     settings = Settings()
     logs.configure(settings)
     return create_app(settings)
-
-
-# mcp-broker inside an existing FastAPI or Starlette app, in one call: ``mount_broker(app, "/broker")``.
-#
-# Mounting the ASGI app alone (``app.mount("/broker", create_app())``) is not enough, for two
-# reasons ``mount_broker`` takes care of:
-#
-# * **Lifespan.** Starlette runs only the host's lifespan, never a mounted app's, so the broker
-#   would never start. ``mount_broker`` wraps the host router's ``lifespan_context`` so that the
-#   broker starts before the host's own startup code (which may then publish) and stops after
-#   its shutdown. With a server or framework where that cannot be done, enter
-#   ``broker_lifespan(broker)`` in the host's lifespan yourself. A broker that is not running
-#   answers every request 503 (``BrokerApp._not_started``), with an ERROR line once.
-# * **Shutdown under the host's server.** ``mcp-broker serve`` runs ``BrokerServer``, which ends
-#   the SSE streams (``retry:``, the listens' ``complete``) when SIGTERM arrives. A plain
-#   ``uvicorn.run(host_app)`` sets ``should_exit`` on SIGTERM, stops accepting and then waits for
-#   every open response to finish, and runs the lifespan shutdown only after that: an SSE stream
-#   never finishes by itself, so without help the process hangs until every client leaves. So
-#   ``broker_lifespan`` finds the running ``uvicorn.Server`` (see ``running_uvicorn``) and watches
-#   its ``should_exit`` flag (every ``EXIT_POLL`` seconds): once it is set, ``/readyz`` answers 503
-#   and the broker ends its streams, which lets uvicorn's wait end. Polling the flag, rather than
-#   replacing uvicorn's signal handler, works for every way uvicorn is asked to stop (SIGTERM,
-#   SIGINT, ``server.should_exit = True`` in code) and leaves its handler, and its re-raising of
-#   the signal at exit, untouched. Under another server, call ``await broker.end_streams()``
-#   when it begins to stop.
-
-#: Seconds between two looks at the running uvicorn server's ``should_exit``.
-EXIT_POLL = 0.1
-
-
-def mount_broker(app: Starlette, path: str = "/broker", *, settings: Settings | None = None,
-                 broker: Broker | None = None) -> BrokerApp:
-    """Serve a broker (``broker``, or a new one from ``settings``) under ``path`` of ``app``, started
-    and stopped with ``app``'s lifespan. Returns the mounted app; its broker is ``.broker``
-    (``register``, ``extend``, ``publish``).
-
-    ``/mcp``, ``/changes``, ``/collections/...`` and the probes answer under ``path``
-    (``/broker/mcp``). Give the host its own lifespan before this call (``FastAPI(lifespan=...)``):
-    this call wraps ``app.router.lifespan_context`` as it is then.
-    """
-    mounted = create_app(settings, broker)
-    app.mount(path.rstrip("/"), mounted)
-    host_lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(host: Any) -> AsyncIterator[Any]:
-        async with broker_lifespan(mounted.broker), host_lifespan(host) as state:
-            yield state
-
-    app.router.lifespan_context = lifespan
-    return mounted
-
-
-@asynccontextmanager
-async def broker_lifespan(broker: Broker) -> AsyncIterator[Broker]:
-    """Start ``broker``, and stop it at exit; meanwhile, end its streams as soon as the uvicorn server
-    running this process is asked to stop (module docstring)."""
-    logger.info(logs.startup_line(broker.settings))
-    await broker.start()
-    tasks: list[asyncio.Task[None]] = []
-    server = running_uvicorn()
-    if server is not None and not isinstance(server, BrokerServer):  # BrokerServer ends the streams itself
-        tasks.append(asyncio.create_task(_end_streams_on_exit(server, broker), name="broker-exit-watch"))
-    elif server is None:
-        logger.debug("no uvicorn server found: call broker.end_streams() when the server begins to stop")
-    try:
-        yield broker
-    finally:
-        await stop_tasks(tasks)
-        await broker.stop()
-
-
-async def _end_streams_on_exit(server: uvicorn.Server, broker: Broker) -> None:
-    while not server.should_exit:
-        await asyncio.sleep(EXIT_POLL)
-    broker.health.drain()  # /readyz: 503 from the first moment
-    delay = broker.settings.readiness_delay
-    if delay > 0:
-        logger.info("stopping: /readyz answers 503; streams end in %.1fs", delay)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + delay
-        while not server.force_exit and loop.time() < deadline:
-            await asyncio.sleep(min(EXIT_POLL, deadline - loop.time()))
-    logger.info("stopping: ending the broker's streams (retry: / complete)")
-    await broker.end_streams()
-
-
-def running_uvicorn() -> uvicorn.Server | None:
-    """The ``uvicorn.Server`` serving this event loop, if one does.
-
-    Two ways, the first that finds it: uvicorn (in the main thread) installs its bound
-    ``Server.handle_exit`` as the SIGTERM and SIGINT handler while it serves; and
-    ``uvicorn.run`` and ``Server.serve`` run as a task whose coroutine (or one it awaits) is
-    ``Server.serve`` / ``Server._serve``, with the server as ``self`` (also in another thread).
-    """
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        owner = getattr(signal.getsignal(sig), "__self__", None)
-        if isinstance(owner, uvicorn.Server):
-            return owner
-    try:
-        tasks = asyncio.all_tasks()
-    except RuntimeError:
-        return None
-    for task in tasks:
-        coro: Any = task.get_coro()
-        for _ in range(8):  # the chain of awaited coroutines: serve -> _serve -> ...
-            frame = getattr(coro, "cr_frame", None)
-            owner = frame.f_locals.get("self") if frame is not None else None
-            if isinstance(owner, uvicorn.Server):
-                return owner
-            coro = getattr(coro, "cr_await", None)
-            if coro is None:
-                break
-    return None

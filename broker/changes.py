@@ -73,7 +73,11 @@ def reserved_meta_key(key: str) -> bool:
         return True
     prefix, slash, _ = key.partition("/")
     labels = prefix.lower().split(".") if slash else []
-    return len(labels) >= 2 and labels[1] in _RESERVED_LABELS
+    # 2025-11-25 and later reserve a second label of ``modelcontextprotocol`` or ``mcp``
+    # (``io.modelcontextprotocol/``); 2025-06-18 reserved one in any label but the last
+    # (``mcp.dev/``). Sessions of both revisions read these notifications: both are refused.
+    return (len(labels) >= 2 and labels[1] in _RESERVED_LABELS) or any(
+        label in _RESERVED_LABELS for label in labels[:-1])
 
 
 @dataclass(frozen=True, slots=True)

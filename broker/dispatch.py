@@ -26,6 +26,7 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import BATCH_VERSIONS
+from broker.scopes import METHOD_SCOPES, forbidden
 from broker.sessions import Sessions
 
 __all__ = ["Dispatcher", "unavailable"]
@@ -80,6 +81,17 @@ class Dispatcher:
     async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:
         """The principal's live session. Raises ``SessionNotFound`` (MCP: 404, initialize again)."""
         return await self.sessions.load(session_id, principal)
+
+    def refusal(self, principal: Principal, method: str | None) -> rpc.RpcError | None:
+        """The 403 error of a request whose caller lacks the scope ``method`` needs, None when it may go on.
+
+        ``Methods.call`` refuses the same way; asking first lets a transport answer a lone
+        request with the 403 status rather than inside a 200.
+        """
+        needed = METHOD_SCOPES.get(method or "")
+        if needed is None or needed in principal.scopes:
+            return None
+        return forbidden(method or "", needed)
 
     async def legacy(self, call: Call, msg: Message) -> bytes | None:
         """A legacy request's reply, or None for a notification (which has none)."""

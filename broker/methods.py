@@ -30,6 +30,7 @@ from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.resources.base import BadCursor, Resources
+from broker.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]
@@ -111,6 +112,9 @@ class Methods:
         known = MODERN_METHODS if call.modern else LEGACY_METHODS
         if method not in known:
             raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
+        needed = METHOD_SCOPES.get(method)
+        if needed is not None and needed not in call.principal.scopes:
+            raise forbidden(method, needed)
         handler = self._handlers[method]
         try:
             result: dict[str, Any] = await handler(call, params)
@@ -233,6 +237,8 @@ class Methods:
         Raises:
             RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs.
         """
+        if SUBSCRIBE not in call.principal.scopes:
+            raise forbidden("subscriptions/listen", SUBSCRIBE)
         spec = params.get("notifications")
         if not isinstance(spec, dict):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.notifications must be an object", status=400)

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from broker.app import mount_broker
+from broker.mount import mount_broker
 from broker.auth import Principal
 from broker.errors import NotFound
 

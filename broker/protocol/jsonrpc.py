@@ -42,6 +42,8 @@ RESOURCE_NOT_FOUND: Final = -32002
 HEADER_MISMATCH: Final = -32020
 MISSING_CLIENT_CAPABILITY: Final = -32021
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+#: Broker-defined, outside the reserved range: the caller's credential lacks the scope in ``data.scope``.
+INSUFFICIENT_SCOPE: Final = -31003
 #: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
 SERVICE_UNAVAILABLE: Final = -31000
 #: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.

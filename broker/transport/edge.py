@@ -10,6 +10,7 @@ REST API and ``POST /changes``; ``Style`` says which, so each refusal is built i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, Final
 
@@ -19,13 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
+from broker import scopes
 from broker.auth import Authenticator, Principal, Unauthorized
 from broker.errors import BackendUnavailable
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
 __all__ = ["CORS_REQUEST_HEADERS", "PRINCIPAL", "BadBody", "Edge", "Style", "detail", "json_response", "principal_of",
-           "read_json", "refusal", "rpc_error", "unavailable"]
+           "read_json", "refusal", "rpc_error", "scope_challenger", "unavailable"]
 
 #: Where the edge leaves the request's principal in the ASGI scope.
 PRINCIPAL: Final = "mcp_broker.principal"
@@ -71,6 +73,13 @@ def unavailable(style: Style) -> Response:
         return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
                                       status=503, retry_after=1))
     return detail(503, "backend unavailable", {"Retry-After": "1"})
+
+
+def scope_challenger(authenticator: Authenticator) -> Callable[[str], str]:
+    """The ``WWW-Authenticate`` value of a 403 for a missing scope, naming the authenticator's resource
+    metadata (RFC 9728) when it has one, so a client can ask its authorization server for that scope."""
+    metadata: str | None = getattr(authenticator, "resource_metadata", None)
+    return lambda scope: scopes.challenge(scope, metadata)
 
 
 def principal_of(scope: Scope) -> Principal:

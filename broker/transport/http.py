@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from broker import scopes
 from broker.auth import Principal
 from broker.delivery import EndReason, Listen, parse_event_id
 from broker.dispatch import Dispatcher
@@ -37,6 +38,7 @@ from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import http_era
 from broker.protocol.versions import DEFAULT_LEGACY, LEGACY_VERSIONS, MODERN_VERSIONS, PRIMING_VERSIONS
+from broker.scopes import SUBSCRIBE
 from broker.sessions import SessionRecord
 from broker.transport.edge import BadBody, Style, json_response, principal_of, read_json, rpc_error, unavailable
 from broker.transport.sse import SSEResponse, SSEWriter
@@ -69,10 +71,13 @@ def _accepts(accept: str, media_type: str) -> bool:
 class McpEndpoint:
     """The ASGI app mounted at ``/mcp``."""
 
-    def __init__(self, dispatcher: Dispatcher, *, max_body_bytes: int, retry_ms: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, max_body_bytes: int, retry_ms: int,
+                 challenge: Callable[[str], str] = scopes.challenge) -> None:
         self.dispatcher = dispatcher
         self.max_body_bytes = max_body_bytes
         self.retry_ms = retry_ms
+        #: The ``WWW-Authenticate`` value of a 403 for a missing scope (it names the resource metadata).
+        self.challenge = challenge
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = await self.respond(scope, receive)
@@ -147,6 +152,8 @@ class McpEndpoint:
             except rpc.RpcError as exc:
                 return rpc_error(exc, msg.id)
             return json_response(body, headers={"Mcp-Session-Id": record.id})
+        if msg.is_request and (refused := self.dispatcher.refusal(principal, msg.method)) is not None:
+            return self._error(refused, msg.id)
         reply = await self.dispatcher.legacy(Call(principal, False, await self._session(request, principal)), msg)
         return Response(status_code=202) if reply is None else json_response(reply)
 
@@ -161,7 +168,7 @@ class McpEndpoint:
         try:
             answer = await self.dispatcher.modern(principal, msg, request.headers.get)
         except rpc.RpcError as exc:
-            return rpc_error(exc, msg.id)
+            return self._error(exc, msg.id)
         if isinstance(answer, Listen):
             return self._listen_response(answer)
         return json_response(answer)
@@ -176,6 +183,8 @@ class McpEndpoint:
     async def get(self, request: Request, principal: Principal, version_header: str | None) -> Response | SSEResponse:
         if not _accepts(request.headers.get("accept", ""), "text/event-stream"):
             raise http_error(406, "Not Acceptable: Accept must list text/event-stream")
+        if SUBSCRIBE not in principal.scopes:
+            raise HttpError(self._error(scopes.forbidden("the GET stream", SUBSCRIBE), None))
         session = await self._session(request, principal)
         if self.dispatcher.closing:
             # A stopping worker still answers requests on open connections while it drains (see
@@ -197,6 +206,12 @@ class McpEndpoint:
         stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS)
         # Bound methods rather than closures: nothing else per stream to keep for its lifetime.
         return SSEResponse(stream.run, stream.disconnect, retry_ms=self.retry_ms)
+
+    def _error(self, error: rpc.RpcError, id_: rpc.Id | None) -> Response:
+        """``error`` as the whole answer; a missing scope's 403 says which in ``WWW-Authenticate``."""
+        if error.code != rpc.INSUFFICIENT_SCOPE:
+            return rpc_error(error, id_)
+        return rpc_error(error, id_, {"WWW-Authenticate": self.challenge(error.data["scope"])})
 
     async def _session(self, request: Request, principal: Principal) -> SessionRecord:
         sid = request.headers.get(SESSION_HEADER)

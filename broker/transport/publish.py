@@ -4,20 +4,23 @@ A publisher may call this thousands of times a second, so it is a plain ASGI end
 on this machine, FastAPI's routing, dependency solving and middleware cost more than the publish
 itself (a sync dependency even hopped to a thread for every request). Origin, method (405 for
 anything but POST) and authentication were checked at the edge. Errors keep the REST API's
-shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign ``Origin``, or a record URI of
-another tenant), 405, 413, 422, 429 (the tenant has ``changelog_tenant_max`` changes not yet
-delivered) or 503 (the backend is unreachable, or the change log is full). A 202 means every
-change of the request passed ``ChangeRules`` and is in the change log; one refused change
-refuses the request, and none of it is published (a 429 or 503 from the change log's bounds
-too).
+shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign ``Origin``, a caller without the
+``changes:publish`` scope, or a record URI of another tenant), 405, 413, 422, 429 (the tenant
+has ``changelog_tenant_max`` changes not yet delivered) or 503 (the backend is unreachable, or
+the change log is full). A 202 means every change of the request passed ``ChangeRules`` and is
+in the change log; one refused change refuses the request, and none of it is published (a 429
+or 503 from the change log's bounds too).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
+from broker import scopes
 from broker.changes import ForeignNamespace, InvalidChange
 from broker.errors import BackendUnavailable, LogFull, QuotaExceeded
 from broker.publisher import Publisher, TooManyChanges
@@ -29,13 +32,19 @@ __all__ = ["ChangesEndpoint"]
 class ChangesEndpoint:
     """Publish one change (a JSON object) or several (a JSON list); 202 with their ids."""
 
-    def __init__(self, publisher: Publisher, max_body_bytes: int) -> None:
+    def __init__(self, publisher: Publisher, max_body_bytes: int,
+                 challenge: Callable[[str], str] = scopes.challenge) -> None:
         self.publisher = publisher
         self.max_body_bytes = max_body_bytes
+        self.challenge = challenge
 
     async def respond(self, scope: Scope, receive: Receive) -> Response:
         request = Request(scope, receive)
-        tenant = principal_of(request.scope).tenant
+        caller = principal_of(request.scope)
+        if scopes.PUBLISH not in caller.scopes:  # before the body: a refused publisher's bytes are never read
+            return detail(403, f"this request needs the scope {scopes.PUBLISH}",
+                          {"WWW-Authenticate": self.challenge(scopes.PUBLISH)})
+        tenant = caller.tenant
         try:
             items = await read_json(request, self.max_body_bytes)
             ids = await self.publisher.publish_items(tenant, items, source="http")

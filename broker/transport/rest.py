@@ -9,11 +9,13 @@ the module's globals, so the ``Caller`` alias built inside ``build_router`` (it 
 the settings) would not resolve and every route would ask for a ``caller`` query parameter.
 """
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
+from broker import scopes
 from broker.auth import Principal
 from broker.config import Settings
 from broker.errors import LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
@@ -36,15 +38,26 @@ class ORJSONResponse(Response):
         return orjson.dumps(content)
 
 
-def build_router(settings: Settings, records: Records, health: Health) -> APIRouter:  # noqa: C901 - a route table
+def build_router(settings: Settings, records: Records, health: Health,  # noqa: C901 - a route table
+                 challenge: Callable[[str], str] = scopes.challenge) -> APIRouter:
+    """The REST routes; ``challenge`` words the ``WWW-Authenticate`` of a 403 for a missing scope."""
     router = APIRouter()
 
-    async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
-        if PRINCIPAL not in request.scope:  # a route the edge did not take for the API's: never served anonymously
-            raise HTTPException(401, "credentials are required", headers={"WWW-Authenticate": "Bearer"})
-        return principal_of(request.scope)
+    def holding(scope: str) -> Callable[[Request], Awaitable[Principal]]:
+        """The dependency giving the caller, refused with 403 unless its credential grants ``scope``."""
+        async def principal(request: Request) -> Principal:  # async: a sync dependency would run in a thread
+            if PRINCIPAL not in request.scope:  # a route the edge did not take for the API's: never served anonymously
+                raise HTTPException(401, "credentials are required", headers={"WWW-Authenticate": "Bearer"})
+            caller = principal_of(request.scope)
+            if scope not in caller.scopes:
+                raise HTTPException(403, f"this request needs the scope {scope}",
+                                    headers={"WWW-Authenticate": challenge(scope)})
+            return caller
+        return principal
 
-    Caller = Annotated[Principal, Depends(principal)]
+    #: The caller of a route that reads, and of one that writes records.
+    Caller = Annotated[Principal, Depends(holding(scopes.READ))]
+    Writer = Annotated[Principal, Depends(holding(scopes.WRITE))]
 
     async def json_body(request: Request, limit: int) -> Any:
         try:
@@ -97,7 +110,7 @@ def build_router(settings: Settings, records: Records, health: Health) -> APIRou
         return HTTPException(507, str(exc))
 
     @router.put("/collections/{name}/{record_id}")
-    async def put_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
+    async def put_record(request: Request, caller: Writer, name: Name, record_id: Name) -> ORJSONResponse:
         dot_only(name, record_id)
         value = await json_body(request, settings.max_record_bytes)
         try:
@@ -110,7 +123,7 @@ def build_router(settings: Settings, records: Records, health: Health) -> APIRou
                               status_code=201 if created else 200)
 
     @router.patch("/collections/{name}/{record_id}")
-    async def patch_record(request: Request, caller: Caller, name: Name, record_id: Name) -> ORJSONResponse:
+    async def patch_record(request: Request, caller: Writer, name: Name, record_id: Name) -> ORJSONResponse:
         dot_only(name, record_id)
         patch = await json_body(request, settings.max_record_bytes)
         try:
@@ -135,7 +148,7 @@ def build_router(settings: Settings, records: Records, health: Health) -> APIRou
         return Response(data, media_type="application/json")
 
     @router.delete("/collections/{name}/{record_id}", status_code=204)
-    async def delete_record(caller: Caller, name: Name, record_id: Name) -> Response:
+    async def delete_record(caller: Writer, name: Name, record_id: Name) -> Response:
         dot_only(name, record_id)
         try:
             await records.delete(caller.tenant, name, record_id)

@@ -19,7 +19,8 @@ PACKAGES = ("broker", "workers")
 BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris",
         "broker.metrics"}
 #: The processes' wiring and entry points: they may import anything, nothing imports them but each other.
-WIRING = {"broker.runtime", "broker.app", "broker.server", "broker.cli", "broker.demo", "workers", "workers.fanout"}
+WIRING = {"broker.runtime", "broker.app", "broker.mount", "broker.server", "broker.cli", "broker.demo", "workers",
+          "workers.fanout"}
 
 
 def module_name(path: Path) -> str:
