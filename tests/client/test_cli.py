@@ -1,0 +1,131 @@
+"""``mcp-broker watch`` as a person and a script use it: under a pseudo-terminal, and with ``--json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.client.targets import Target
+from tests.support import BIN, ROOT, BrokerProcess
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+
+
+class Terminal:
+    """A command under a pseudo-terminal, its output read as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        master, slave = pty.openpty()
+        self.fd = master
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+                                     start_new_session=True)
+        os.close(slave)
+        self.output = ""
+
+    def wait_for(self, text: str, timeout: float = 10.0) -> float:
+        """Read until ``text`` is on the screen; the moment it arrived (monotonic)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                raise AssertionError(f"{text!r} not shown; the terminal shows:\n{self.output}")
+            if select.select([self.fd], [], [], remaining)[0]:
+                try:
+                    self.output += ANSI.sub("", os.read(self.fd, 65536).decode(errors="replace"))
+                except OSError:  # the command exited and its side of the terminal is closed
+                    continue
+        return time.monotonic()
+
+    def close(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C: how a watch ends
+        code = self.proc.wait(10)
+        os.close(self.fd)
+        return code
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    # A setting the server would refuse: a client command must not care.
+    yield {**os.environ, "COLUMNS": "120", "MCP_BROKER_NOT_A_SETTING": "1", "PYTHONPATH": str(ROOT)}
+
+
+async def test_watch_on_a_terminal_shows_each_change_as_a_diff(broker: BrokerProcess, env: dict[str, str]) -> None:
+    target = Target("broker", broker.mcp_url, broker.url, broker=True)
+    await target.write("tty", 0)
+    terminal = Terminal([str(BIN), "watch", broker.mcp_url, target.uri("tty")], env)
+    try:
+        terminal.wait_for('"v": 0')  # the initial content, indented
+        terminal.wait_for("connected")
+        latencies = []
+        for value in (4242, 777):
+            published = time.monotonic()
+            await target.write("tty", value)
+            latencies.append(terminal.wait_for(f'+  "v": {value}') - published)
+        assert '-  "v": 4242' in terminal.output  # a unified diff against the content before
+    finally:
+        assert terminal.close() == 0
+    assert max(latencies) < 10.0
+    print(f"\nmcp-broker watch on a pty: change shown {', '.join(f'{s * 1000:.0f} ms' for s in latencies)} "
+          "after its publish returned")
+
+
+async def test_watch_json_writes_one_object_per_event(broker: BrokerProcess, env: dict[str, str]) -> None:
+    target = Target("broker", broker.mcp_url, broker.url, broker=True)
+    await target.write("json", 1)
+    proc = subprocess.Popen([str(BIN), "watch", "--json", "--era", "legacy", "--header", "X-Trace: t1",
+                             broker.mcp_url, target.uri("json")], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert lines[0] == {"event": "status", "status": "connected", "era": "2025-11-25", "detail": ""}
+        assert lines[1] == {"event": "update", "uri": target.uri("json"), "content": '{"v":1}', "error": None,
+                            "initial": True}
+        await target.write("json", 2)
+        assert json.loads(proc.stdout.readline())["content"] == '{"v":2}'
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+async def test_watch_sends_the_token_and_says_why_it_cannot_watch(env: dict[str, str]) -> None:
+    with BrokerProcess(env={"MCP_BROKER_API_KEYS": '{"s3cret": "default/alice"}'}) as proc:
+        target = Target("broker", proc.mcp_url, proc.url, broker=True)
+        async with httpx.AsyncClient(base_url=proc.url, headers={"Authorization": "Bearer s3cret"}) as http:
+            assert (await http.put(f"/collections/watch{target.tag}/key", json={"v": 5})).status_code == 201
+        argv = [str(BIN), "watch", "--json", proc.mcp_url, target.uri("key")]
+        refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=20)
+        assert refused.returncode == 2 and "401" in refused.stderr
+        watching = subprocess.Popen([*argv, "--token", "s3cret"], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert watching.stdout is not None
+            lines = [json.loads(watching.stdout.readline()) for _ in range(2)]
+            assert lines[1]["content"] == '{"v":5}'
+        finally:
+            watching.send_signal(signal.SIGINT)
+            assert watching.wait(10) == 0
+            if watching.stdout is not None:
+                watching.stdout.close()
+
+
+def test_the_client_imports_nothing_of_the_server() -> None:
+    """A fresh interpreter imports the client and its command: no broker, no server libraries."""
+    code = ("import sys, broker_client, broker_client.watch_cli; import broker_client.http, broker_client.stdio; "
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.split())
+    server = {"broker", "redis", "fastapi", "starlette", "uvicorn", "psycopg", "prometheus_client", "pydantic",
+              "orjson", "msgpack", "watchfiles", "mcp"}
+    assert not {name.split(".")[0] for name in loaded} & server
