@@ -371,6 +371,7 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
         "python -m bench.run --full       # all servers, all points, 3 repeats (long)",
         "python -m bench.run --servers sdk,broker-memory --points targeted-1k --repeats 3",
         "python bench/loadgen.py --help   # one scenario against a running server",
+        "python -m bench.fairness [--redis URL] [--seconds 10] [--flood-rate 500]   # tenant fairness",
         "```",
         "",
         "## Method",

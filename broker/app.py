@@ -32,10 +32,11 @@ from broker.config import Settings
 from broker.errors import BackendUnavailable
 from broker.metrics import Counter
 from broker.runtime import Broker
+from broker.transport.admin import build_admin_router
 from broker.transport.edge import Edge, Style, principal_of, refusal, scope_challenger
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
-from broker.transport.ops import Livez, MetricsEndpoint, Readyz
+from broker.transport.ops import Livez, MetricsEndpoint, Readyz, ResourceMetadata, resource_metadata_paths
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
 
@@ -66,6 +67,8 @@ CHANGES: Final = Route(Style.REST, authenticate=True, methods=frozenset({"POST"}
 #: Paths under the REST API's prefix need a caller (an unknown one among them too: it says nothing
 #: of the API's routes to a stranger); any other path (health, FastAPI's 404) does not.
 API_PREFIX: Final = "/collections"
+#: The admin API (runtime API keys): never answered to a caller the edge has not authenticated.
+ADMIN_PREFIX: Final = "/admin"
 _API: Final = Route(Style.REST, authenticate=True)
 _PUBLIC: Final = Route(Style.REST, authenticate=False)
 _PROBE: Final = Route(Style.REST, authenticate=False, methods=frozenset({"GET", "HEAD"}))
@@ -100,6 +103,8 @@ class BrokerApp:
             "/livez": (Livez(), "livez", _PROBE),
             "/readyz": (Readyz(broker.health), "readyz", _PROBE),
             "/metrics": (MetricsEndpoint(render), "metrics", _PROBE),
+            # RFC 9728, asked for before a client has any token (with OAuth on; none otherwise).
+            **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -223,6 +228,8 @@ def _route(path: str) -> tuple[str, Route]:
         return "mcp", MCP
     if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
         return "api", _API
+    if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
+        return "admin", _API
     return ("healthz" if path == "/healthz" else "other"), _PUBLIC
 
 
@@ -266,6 +273,8 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
     api.state.broker = broker
     api.include_router(build_router(broker.settings, broker.records, broker.health,
                                     scope_challenger(broker.authenticator)))
+    if broker.keys is not None:  # stored keys on: their admin API (otherwise /admin is a 404)
+        api.include_router(build_admin_router(broker.keys, scope_challenger(broker.authenticator)))
 
     @api.exception_handler(BackendUnavailable)
     async def unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:

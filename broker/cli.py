@@ -1,4 +1,4 @@
-"""``mcp-broker``: serve HTTP, serve stdio, run fan-out, publish a change.
+"""``mcp-broker``: serve HTTP, serve stdio, run fan-out, publish a change, manage API keys.
 
 Every option that has a setting says so in ``--help`` (the ``MCP_BROKER_*`` variable); an
 option given on the command line wins over the variable. A bad setting stops any command with
@@ -80,7 +80,7 @@ def rebinding_warning(settings: Settings) -> str | None:
     """
     from broker.transport.guards import HostPolicy
 
-    if settings.allowed_hosts is not None or settings.api_keys or not HostPolicy(None, settings.host).any:
+    if settings.allowed_hosts is not None or settings.auth_methods or not HostPolicy(None, settings.host).any:
         return None
     return (f"serving on {settings.host} to any Host header, without API keys: a web page on a DNS-rebound "
             "name can read every record. Set MCP_BROKER_ALLOWED_HOSTS to the names clients use, e.g. "
@@ -97,6 +97,12 @@ def _stdio(args: argparse.Namespace) -> int:
     logs.configure(settings)  # on stderr: stdout is the MCP channel
     asyncio.run(serve_stdio(Broker(settings)))
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from broker_client.watch_cli import run
+
+    return run(args)
 
 
 def _fanout(args: argparse.Namespace) -> int:
@@ -217,8 +223,11 @@ async def _publish_to_redis(settings: Settings, uri: str, kind: Any, tenant: str
     from broker.publisher import Publisher
 
     backend = create_backend(settings)
+    from broker.quotas import Quotas, TenantQuotas
+
     publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
-                          default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max)
+                          default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max,
+                          quotas=Quotas(backend.quotas, TenantQuotas.from_settings(settings)))
     await backend.start()
     try:
         return await publisher.publish(uri, kind, tenant=tenant, meta=meta, source="cli")
@@ -250,7 +259,9 @@ def _settings_problems() -> list[str]:
     if problems:
         return problems
     try:
-        Settings()
+        from broker.quotas import quota_problems
+
+        problems.extend(quota_problems(Settings()))
     except ValidationError as exc:
         for error in exc.errors():
             name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
@@ -283,6 +294,7 @@ _JSON_EXAMPLES = {
     "MCP_BROKER_API_KEYS": ', e.g. \'{"k3y": "acme/alice"}\'',
     "MCP_BROKER_ALLOWED_ORIGINS": ', e.g. \'["https://app.example.com"]\'',
     "MCP_BROKER_ALLOWED_HOSTS": ', e.g. \'["broker.example.com"]\'',
+    "MCP_BROKER_QUOTAS": ', e.g. \'{"default": {"sessions": 10000}, "acme": {"publish_per_second": 500}}\'',
 }
 
 
@@ -318,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     stdio = sub.add_parser("stdio", help="serve one MCP client on stdin/stdout", formatter_class=formatter)
     stdio.set_defaults(func=_stdio)
 
+    from broker_client.watch_cli import add_arguments as add_watch_arguments
+
+    watch = sub.add_parser("watch", help="watch resources of any MCP server and show each change (a client)",
+                           formatter_class=formatter)
+    add_watch_arguments(watch)
+    watch.set_defaults(func=_watch)
+
     fanout = sub.add_parser(
         "fanout", help="run fan-out consumers only (Redis; set MCP_BROKER_EMBEDDED_FANOUT=false on HTTP workers)",
         formatter_class=formatter)
@@ -341,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     postgres.add_argument("action", choices=["install"],
                           help="install: create the outbox, the cursor table and a trigger on each table")
     postgres.set_defaults(func=_postgres)
+
+    from broker.keys_cli import add_keys_parser
+
+    add_keys_parser(sub, formatter)
     return parser
 
 
@@ -351,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MCP_BROKER_LOG_LEVEL"] = args.log_level
     if args.log_format is not None:
         os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
-    problems = _settings_problems()
+    problems = [] if args.command == "watch" else _settings_problems()  # a client: no server settings
     if not problems and args.command in ("serve", "stdio"):  # the commands that load the providers
         from broker.config import Settings
 

@@ -20,12 +20,14 @@ from broker.backends.types import SessionRecord
 from broker.batches import answer_batch, check_batch, encode_batch
 from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.listen import Listen, ListenIndex
-from broker.errors import LimitExceeded
+from broker.delivery.stream import EndReason
+from broker.errors import LimitExceeded, OverQuota
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import BATCH_VERSIONS
+from broker.quotas import Lease, Quotas, quota_error
 from broker.scopes import METHOD_SCOPES, forbidden
 from broker.sessions import Sessions
 
@@ -47,8 +49,12 @@ class Dispatcher:
     """Serves MCP messages of both eras to whichever transport received them."""
 
     def __init__(self, methods: Methods, sessions: Sessions, listens: ListenIndex, streams: LegacyServices, *,
-                 max_batch_items: int, max_response_bytes: int) -> None:
+                 max_batch_items: int, max_response_bytes: int, quotas: Quotas | None = None) -> None:
+        """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client)."""
         self.methods = methods
+        self.quotas = quotas
+        #: The quota place of each open listen that holds one, until ``close_listen``.
+        self._leases: dict[Listen, Lease] = {}
         self.sessions = sessions
         self.listens = listens
         self.streams = streams
@@ -73,6 +79,8 @@ class Dispatcher:
         version, client_info, caps = self.methods.initialize(msg.params)
         try:
             record = await self.sessions.create(principal, version, client_info, caps)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
         except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503,
                                retry_after=SESSIONS_FULL_RETRY) from exc
@@ -93,10 +101,14 @@ class Dispatcher:
             return None
         return forbidden(method or "", needed)
 
-    async def legacy(self, call: Call, msg: Message) -> bytes | None:
-        """A legacy request's reply, or None for a notification (which has none)."""
+    async def legacy(self, call: Call, msg: Message, *, whole: bool = False) -> bytes | None:
+        """A legacy request's reply, or None for a notification (which has none).
+
+        ``whole``: the reply is the whole answer, so a quota's refusal is raised (the transport
+        answers it with its 429 and ``Retry-After``) rather than put in the reply.
+        """
         if msg.is_request:
-            return await self.request(call, msg)
+            return await self.request(call, msg, whole=whole)
         await self.notify(call, msg)
         return None
 
@@ -109,12 +121,14 @@ class Dispatcher:
         if msg.method == "notifications/initialized" and call.session is not None:
             await self.sessions.initialized(call.session.id)
 
-    async def request(self, call: Call, msg: Message) -> bytes:
-        """One request's reply: its result, or the error a method raised."""
+    async def request(self, call: Call, msg: Message, *, whole: bool = False) -> bytes:
+        """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``)."""
         assert msg.id is not None  # a request has one (parse_message)
         try:
             return rpc.encode_result(msg.id, await self.call(call, msg))
         except rpc.RpcError as exc:
+            if whole and exc.code == rpc.QUOTA_EXCEEDED:
+                raise
             return rpc.encode_error(msg.id, exc)
 
     async def call(self, call: Call, msg: Message) -> dict[str, Any]:
@@ -154,9 +168,34 @@ class Dispatcher:
         check_batch(items, self.max_batch_items)
 
     def legacy_stream(self, session: SessionRecord, cursor: int | None, *, resync: bool = False,
-                      priming: bool = False) -> LegacyStream:
-        """The session's stream from ``cursor`` (see ``LegacyStream``); ``run`` it on the transport's writer."""
-        return LegacyStream(self.streams, session, cursor, resync=resync, priming=priming)
+                      priming: bool = False, principal: Principal | None = None) -> LegacyStream:
+        """The session's stream from ``cursor`` (see ``LegacyStream``); ``run`` it on the transport's writer.
+
+        With ``principal``, the stream ends when the principal's credential expires or is revoked.
+        """
+        stream = LegacyStream(self.streams, session, cursor, resync=resync, priming=priming)
+        if principal is not None:
+            stream.bind(principal.credential, principal.expires_at)
+        return stream
+
+    async def stream_lease(self, session: SessionRecord) -> Callable[[EndReason | None], None] | None:
+        """Take the session's place in its tenant's ``streams`` quota; what releases it when the
+        stream ends (None: the tenant has no such quota). The place is the session's, so a takeover
+        of its stream holds the same one, and the stream it took over leaves it in place.
+
+        Raises:
+            RpcError: -31002 (429, ``Retry-After``) when the tenant has its quota of open streams.
+        """
+        if self.quotas is None:
+            return None
+        try:
+            lease = await self.quotas.acquire("streams", session.tenant, session.id)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
+        if lease is None:
+            return None
+        quotas = self.quotas
+        return lambda reason: quotas.release(lease, keep=reason is EndReason.TAKEOVER)
 
     async def end_session(self, session: SessionRecord) -> None:
         await self.sessions.end(session.id)
@@ -176,7 +215,7 @@ class Dispatcher:
         check_meta(msg, header)
         call = Call(principal, True)
         if msg.method == "subscriptions/listen":
-            return self.listen(call, msg)
+            return await self.leased_listen(call, msg)
         return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
 
     def listen(self, call: Call, msg: Message) -> Listen:
@@ -189,11 +228,38 @@ class Dispatcher:
         assert msg.id is not None
         uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
         try:
-            return self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
+            listen = self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
         except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
                                {"limit": self.listens.max_listens}) from exc
+        listen.bind(call.principal.credential, call.principal.expires_at)  # it ends with the credential
+        return listen
+
+    async def leased_listen(self, call: Call, msg: Message) -> Listen:
+        """``listen``, holding a place in the tenant's ``listens`` quota when it has one.
+
+        Raises:
+            RpcError: as ``listen``; -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
+        """
+        if self.quotas is None or self.quotas.limits(call.principal.tenant).listens is None:
+            return self.listen(call, msg)
+        self.methods.listen_filter(call, msg.params)  # a bad filter takes no place
+        try:
+            lease = await self.quotas.acquire("listens", call.principal.tenant)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
+        try:
+            listen = self.listen(call, msg)
+        except BaseException:
+            self.quotas.release(lease)
+            raise
+        if lease is not None:
+            self._leases[listen] = lease
+        return listen
 
     def close_listen(self, listen: Listen) -> None:
         """Release a listen however it ended, even if it never ran."""
         self.listens.close(listen)
+        lease = self._leases.pop(listen, None)
+        if lease is not None and self.quotas is not None:
+            self.quotas.release(lease)

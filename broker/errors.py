@@ -10,6 +10,8 @@ __all__ = [
     "LimitExceeded",
     "LogFull",
     "NotFound",
+    "OverQuota",
+    "PublishRateLimited",
     "PublishRefused",
     "QuotaExceeded",
     "ResourceRefused",
@@ -90,6 +92,36 @@ class QuotaExceeded(PublishRefused):
             message = (f"tenant {tenant!r} has {pending} changes not yet delivered (at most {limit}); "
                        f"{asked} more refused")
         super().__init__(message)
+
+
+class OverQuota(BrokerError):
+    """A tenant's quota (``MCP_BROKER_QUOTAS``, ``broker.quotas``) would be exceeded; nothing was done.
+
+    ``limit`` names the quota (``sessions``, ``subscriptions``, ``streams``, ``listens``,
+    ``publish_per_second``), ``quota`` its value for ``tenant``; ``retry_after`` is a hint in seconds.
+    """
+
+    def __init__(self, limit: str, tenant: str, quota: int, retry_after: int = 5, message: str = "") -> None:
+        self.limit = limit
+        self.tenant = tenant
+        self.quota = quota
+        self.retry_after = retry_after
+        self.message = message or f"tenant {tenant!r} is at its {limit} quota ({quota}); retry later"
+        super().__init__(self.message)
+
+    @property
+    def data(self) -> dict[str, object]:
+        """What a JSON-RPC error carries of it."""
+        return {"limit": self.limit, "tenant": self.tenant, "quota": self.quota}
+
+
+class PublishRateLimited(OverQuota, PublishRefused):
+    """The tenant's ``publish_per_second`` bucket holds too few tokens: refused before anything was appended."""
+
+    def __init__(self, tenant: str, rate: int, retry_after: int) -> None:
+        super().__init__("publish_per_second", tenant, rate, retry_after,
+                         f"tenant {tenant!r} publishes faster than its quota of {rate} changes a second "
+                         f"(publish_per_second); retry in {retry_after} s")
 
 
 class LogFull(PublishRefused):

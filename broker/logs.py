@@ -113,8 +113,10 @@ def startup_line(settings: Settings) -> str:
         parts = urlsplit(settings.redis_url)
         host = parts.hostname or ""
         backend = f"{parts.scheme}://{host}{':' + str(parts.port) if parts.port else ''}{parts.path}"
-    auth = f"{len(settings.api_keys)} API keys" if settings.api_keys else "off (anonymous principal of tenant " \
-        f"{settings.default_tenant!r})"
+    methods = settings.auth_methods
+    auth = " and ".join(([f"{len(settings.api_keys)} API keys"] if "keys" in methods else [])
+                        + ([f"OAuth tokens of {settings.oauth_issuer}"] if "oauth" in methods else [])) \
+        or f"off (anonymous principal of tenant {settings.default_tenant!r})"
     hosts = "loopback names" if settings.allowed_hosts is None and settings.host in ("127.0.0.1", "localhost", "::1") \
         else ("any" if settings.allowed_hosts is None else ",".join(settings.allowed_hosts))
     return (f"mcp-broker {__version__} pid {os.getpid()}: backend {backend}, change-log partitions "

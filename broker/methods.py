@@ -24,11 +24,12 @@ from broker.auth import Principal
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
-from broker.errors import BackendUnavailable, LimitExceeded, NotFound, ResourceRefused
+from broker.errors import BackendUnavailable, LimitExceeded, NotFound, OverQuota, ResourceRefused
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
+from broker.quotas import TenantQuotas, quota_error
 from broker.resources.base import BadCursor, Resources
 from broker.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.uris import BadUri, check_uri
@@ -65,8 +66,10 @@ class Methods:
     """The request methods of both eras, each a handler from params to result; the one registry of them."""
 
     def __init__(self, settings: Settings, resources: Resources, subscriptions: SubscriptionIndex,
-                 server_info: dict[str, Any]) -> None:
+                 server_info: dict[str, Any], quotas: TenantQuotas | None = None) -> None:
+        """``quotas``: each tenant's ``subscriptions`` quota, a bound per session of the tenant (docs/QUOTAS.md)."""
         self.settings = settings
+        self.quotas = quotas or TenantQuotas()
         self.resources = resources
         self.subscriptions = subscriptions
         self.server_info = server_info
@@ -210,12 +213,30 @@ class Methods:
         self.check_watch(call, uri)
         session = self._session(call)
         limit = self.settings.max_subscriptions_per_session
+        quota = self.quotas.of(session.tenant).subscriptions
         try:
-            await self.subscriptions.add(session.id, session.tenant, uri, limit)
+            if quota is not None and quota <= limit:
+                # The tenant's quota is the tighter bound; 0 allows none (the store reads 0 as no bound).
+                await self._add_within(session, uri, quota)
+            else:
+                await self.subscriptions.add(session.id, session.tenant, uri, limit)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
         except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"Subscription limit reached: {limit} URIs per session",
                                {"limit": limit}) from exc
         return {}
+
+    async def _add_within(self, session: SessionRecord, uri: str, quota: int) -> None:
+        """Subscribe within the tenant's per-session quota. Raises OverQuota (nothing added)."""
+        try:
+            if quota == 0:
+                raise LimitExceeded("no subscriptions")
+            await self.subscriptions.add(session.id, session.tenant, uri, quota)
+        except LimitExceeded as exc:
+            raise OverQuota("subscriptions", session.tenant, quota, 5,
+                            f"tenant {session.tenant!r} sessions may hold {quota} subscriptions each "
+                            "(its quota); unsubscribe one first") from exc
 
     async def _resources_unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         # Not held to the canonical spelling: a subscription made before that rule can still go.

@@ -19,13 +19,19 @@ from typing import Any, TypeVar
 
 from broker.backends.base import ChangeLog
 from broker.changes import Change, ChangeKind, ChangeRules, InvalidChange
-from broker.errors import LogFull, PublishRefused, QuotaExceeded
+from broker.errors import LogFull, PublishRateLimited, PublishRefused, QuotaExceeded
 from broker.metrics import NO_METRICS, Counter, Metrics, TenantCounter, TenantLabels
+from broker.quotas import Quotas
 from broker.tenants import tenant_problem
 
 __all__ = ["Publisher", "TooManyChanges"]
 
 T = TypeVar("T")
+
+#: The publishers a tenant's ``publish_per_second`` quota holds back: the HTTP API, record writes,
+#: ``Broker.publish``, ``mcp-broker publish`` and direct calls. Change sources (files, PostgreSQL,
+#: providers) publish at the pace of their data, and a refusal would only make them retry.
+RATE_LIMITED = frozenset({"http", "records", "python", "cli", "api"})
 
 
 class TooManyChanges(InvalidChange):
@@ -36,8 +42,11 @@ class Publisher:
     """Checks, appends and counts changes. ``source`` names who published, for the counters."""
 
     def __init__(self, changelog: ChangeLog, rules: ChangeRules, *, default_tenant: str, max_waiting: int,
-                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None,
+                 quotas: Quotas | None = None) -> None:
+        """``quotas``: the tenants' ``publish_per_second`` buckets (``broker.quotas``); None: no such quota."""
         self.changelog = changelog
+        self.quotas = quotas
         self.rules = rules
         self.default_tenant = default_tenant
         self.max_waiting = max_waiting
@@ -61,6 +70,7 @@ class Publisher:
             InvalidChange: the change breaks ``ChangeRules`` (a URI or ``meta`` that could not be
                 delivered, a record URI of another tenant, a tenant name that is not one).
             QuotaExceeded: the tenant has ``changelog_tenant_max`` changes not yet fanned out.
+            PublishRateLimited: the tenant publishes faster than its ``publish_per_second`` quota.
             LogFull: its partition of the change log holds ``changelog_maxlen`` changes not yet fanned out.
             BackendUnavailable: the change could not be stored (it was not accepted).
         """
@@ -95,6 +105,7 @@ class Publisher:
         Raises whatever ``write`` raises; a refusal by the change log is counted as one.
         """
         try:
+            await self._take(change.tenant, 1, source)
             result = await write(change)
         except PublishRefused as exc:
             self._refused(exc)
@@ -111,8 +122,23 @@ class Publisher:
         except InvalidChange as exc:
             raise type(exc)(where + str(exc)) from exc
 
+    async def _take(self, tenant: str, count: int, source: str) -> None:
+        """Tokens of the tenant's publish bucket, before anything is appended. Raises PublishRateLimited.
+
+        Raises TooManyChanges for more changes at once than the bucket ever holds (``publish_burst``).
+        """
+        if self.quotas is None or source not in RATE_LIMITED:
+            return
+        limits = self.quotas.limits(tenant)
+        if limits.publish_per_second is not None and count > limits.burst:
+            raise TooManyChanges(f"{count} changes in one request; tenant {tenant!r} may publish at most "
+                                 f"{limits.burst} at once (its publish_burst quota)")
+        await self.quotas.take(tenant, count)
+
     async def _append(self, changes: list[Change], source: str) -> list[str]:
         try:
+            if changes:
+                await self._take(changes[0].tenant, len(changes), source)
             ids = await self.changelog.publish_many(changes)
         except PublishRefused as exc:
             self._refused(exc)
@@ -138,6 +164,8 @@ class Publisher:
 
 
 def _reason(exc: PublishRefused) -> str:
+    if isinstance(exc, PublishRateLimited):
+        return "publish_rate"
     if isinstance(exc, QuotaExceeded):
         return "tenant_quota"
     if isinstance(exc, LogFull):

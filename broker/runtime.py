@@ -30,10 +30,12 @@ from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.fanout import Fanout
 from broker.health import Health
+from broker.keys import KeyAdmin, StoredKeys
 from broker.methods import Methods
 from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
+from broker.quotas import Quotas, TenantQuotas
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.sessions import Sessions
@@ -124,31 +126,36 @@ class Broker:
         self.tenant_labels = tenants = TenantLabels(settings.metrics_tenant_limit)
         #: For wiring and tests only: the services below are what the rest of the broker uses.
         self.backend = backend = backend or create_backend(settings, metrics)
-        self.authenticator = authenticator or authenticator_for(settings)
+        #: Runtime API keys (the admin API) when ``MCP_BROKER_AUTH`` has ``keys``; None otherwise.
+        self.keys = KeyAdmin(backend.credentials) if "keys" in settings.auth_methods else None
+        stored = None if self.keys is None else StoredKeys(backend.credentials, settings.key_cache_seconds)
+        self.authenticator = authenticator or authenticator_for(settings, stored)
         self.server_info = {"name": settings.server_name, "version": __version__}
+        #: Per-tenant quotas (``MCP_BROKER_QUOTAS``; a bad value raises ValueError here).
+        self.quotas = Quotas(backend.quotas, TenantQuotas.from_settings(settings))
         self.publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
                                    default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max,
-                                   metrics=metrics, tenant_labels=tenants)
+                                   metrics=metrics, tenant_labels=tenants, quotas=self.quotas)
         self.resources = Resources([RecordsProvider(backend.records)])
         self.records = Records(backend.records, settings, self.publisher)
         self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions, metrics=metrics,
-                                 tenant_labels=tenants)
+                                 tenant_labels=tenants, quotas=self.quotas.quotas)
         self.streams = Streams()
         subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
                                    StreamMetrics(metrics, "modern"), subscriptions)
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
-                        ping=backend.ping, metrics=metrics)
+                        ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index: SubscriptionIndex = backend.subscriptions
         if metrics is not NO_METRICS:
             index = CountedSubscriptions(backend.subscriptions, subscriptions)
-        self.methods = Methods(settings, self.resources, index, self.server_info)
+        self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas)
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
-                                     max_response_bytes=settings.max_response_bytes)
+                                     max_response_bytes=settings.max_response_bytes, quotas=self.quotas)
         self.health = Health(backend.ping, self.streams)
         self.fanout: Fanout | None = None
         self._sources: list[ChangeSource] = []
@@ -198,10 +205,13 @@ class Broker:
         """Raises ``BackendUnavailable`` when the backend cannot be reached."""
         await self.backend.start()
         await self._hub.start()
+        if (start_auth := getattr(self.authenticator, "start", None)) is not None:
+            await start_auth()  # OAuth fetches its authorization server's keys, in the background
         if self.settings.embedded_fanout:
             self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels)
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
+        self._tasks.append(asyncio.create_task(self.quotas.run(), name="quota-leases"))
         if self.metrics is not NO_METRICS:
             self._tasks.append(asyncio.create_task(self._count_sessions(), name="sessions-count"))
         self.started = True
@@ -225,6 +235,8 @@ class Broker:
             await stop_tasks(self._tasks)
             self._tasks.clear()
             await self.backend.close()
+            if (close_auth := getattr(self.authenticator, "close", None)) is not None:
+                await close_auth()
         finally:
             self.started = False
         close = getattr(self.metrics, "close", None)

@@ -11,6 +11,7 @@ from broker.backends.base import Inboxes, SessionStore
 from broker.backends.types import SessionRecord
 from broker.errors import LimitExceeded, SessionNotFound
 from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
+from broker.quotas import TenantQuotas
 
 #: A session, as the transports hold it (the record the backend stores).
 __all__ = ["SessionRecord", "Sessions"]
@@ -27,8 +28,11 @@ class Sessions:
     """
 
     def __init__(self, store: SessionStore, inboxes: Inboxes, max_sessions: int, *,
-                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None,
+                 quotas: TenantQuotas | None = None) -> None:
+        """``quotas``: each tenant's ``sessions`` quota, counted by the store in the create's own step."""
         self.store = store
+        self.quotas = quotas or TenantQuotas()
         self.inboxes = inboxes
         self.max_sessions = max_sessions
         self._created = TenantCounter(metrics, "mcp_broker_tenant_sessions_created_total",
@@ -40,6 +44,7 @@ class Sessions:
 
         Raises:
             LimitExceeded: ``max_sessions`` live sessions exist already.
+            OverQuota: the tenant has as many live sessions as its ``sessions`` quota.
         """
         if await self.store.count() >= self.max_sessions:
             raise LimitExceeded("too many sessions")
@@ -53,7 +58,7 @@ class Sessions:
             client_info=client_info,
             client_capabilities=capabilities,
         )
-        await self.store.create(record)
+        await self.store.create(record, self.quotas.of(record.tenant).sessions)
         self._created.inc(record.tenant)
         return record
 

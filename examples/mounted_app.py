@@ -9,9 +9,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from broker.mount import mount_broker
 from broker.auth import Principal
 from broker.errors import NotFound
+from broker.mount import mount_broker
 
 TICKETS: dict[str, dict[str, Any]] = {"1": {"title": "printer on fire", "status": "open"}}
 

@@ -10,6 +10,8 @@ A backend is a handful of small stores, one per concern, each its own protocol:
 ``broadcast``     ``Broadcast``: processed changes to every process's listens
 ``records``       ``RecordStore``: the built-in JSON records, written with their change
 ``leases``        ``Leases``: named cluster-wide leases (a change source on one worker)
+``credentials``   ``Credentials``: runtime API keys, stored as their digest only
+``quotas``        ``Quotas``: per-tenant leases (open streams, listens) and publish token buckets
 ================  =================================================================
 
 Two implementations exist: ``memory`` (one process, the embedded default and the reference
@@ -86,6 +88,12 @@ Leases
     A named lease is held by one owner at a time, for ``ttl_ms`` after its last ``hold``; an
     owner that stops renewing loses it to the next that asks.
 
+Credentials
+    Runtime API keys (``broker.keys``), each stored as a ``KeyRecord``: the key's SHA-256
+    digest, never the key. ``find`` looks a presented key up by its digest; ``revoke`` marks a
+    key revoked once (its first revocation's time stays) and keeps its record, so a listing
+    still shows it. Every worker sees a create or a revocation on its next lookup.
+
 Errors
     Every method may raise :class:`broker.errors.BackendUnavailable` when the store cannot be
     reached; nothing else from the underlying client library escapes.
@@ -103,6 +111,7 @@ from broker.backends.types import (
     BroadcastLostHandler,
     Frame,
     InboxRead,
+    KeyRecord,
     SessionRecord,
     StreamClaim,
     StreamStart,
@@ -120,10 +129,13 @@ __all__ = [
     "BroadcastHandler",
     "BroadcastLostHandler",
     "ChangeLog",
+    "Credentials",
     "Frame",
     "InboxRead",
     "Inboxes",
+    "KeyRecord",
     "Leases",
+    "Quotas",
     "RecordStore",
     "SessionRecord",
     "SessionStore",
@@ -142,8 +154,13 @@ class SessionStore(Protocol):
     def epoch(self) -> str:
         """Short identifier of the store's data generation; a store that lost its data gets a new one."""
 
-    async def create(self, record: SessionRecord) -> None:
-        """Store a new session (its ``epoch`` is set to the current one) with an empty inbox."""
+    async def create(self, record: SessionRecord, tenant_limit: int | None = None) -> None:
+        """Store a new session (its ``epoch`` is set to the current one) with an empty inbox.
+
+        Raises:
+            OverQuota: ``tenant_limit`` is set and the tenant has that many live sessions; the
+                count and the add are one atomic step, and ended or expired sessions leave it.
+        """
 
     async def get(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
         """The session's record, or None. ``touch_as`` (a principal key) also restarts its idle
@@ -315,6 +332,43 @@ class Leases(Protocol):
         """Give the lease up when ``owner`` holds it."""
 
 
+class Credentials(Protocol):
+    """Runtime API keys, by id and by the digest of the key (see "Credentials" above)."""
+
+    async def create(self, record: KeyRecord) -> bool:
+        """Store a new key; False, storing nothing, when a key with its id or digest exists."""
+
+    async def find(self, digest: str) -> KeyRecord | None:
+        """The key whose digest this is, revoked and expired ones included; None when there is none."""
+
+    async def get(self, key_ids: Sequence[str]) -> dict[str, KeyRecord]:
+        """The keys of these ids that exist, by id (one round trip however many)."""
+
+    async def list(self, tenant: str | None, after: str, limit: int) -> list[KeyRecord]:
+        """Up to ``limit`` keys of ``tenant`` (None: every tenant), in ascending id order, after ``after``."""
+
+    async def revoke(self, key_id: str, at: float) -> bool | None:
+        """Mark the key revoked at ``at``: True; False when it was revoked already (unchanged); None when unknown."""
+
+
+class Quotas(Protocol):
+    """Per-tenant counts held by leases, and per-tenant token buckets (``broker.quotas``)."""
+
+    async def acquire(self, tenant: str, kind: str, holder: str, limit: int, ttl_ms: int) -> bool:
+        """Hold a place of ``kind`` for ``ttl_ms``, or renew ``holder``'s; False when ``tenant`` holds
+        ``limit`` live places of that kind already (lapsed ones do not count). Check and add are one step."""
+
+    async def refresh(self, held: Sequence[tuple[str, str, str]], ttl_ms: int) -> None:
+        """Renew ``(tenant, kind, holder)`` places for ``ttl_ms`` (re-adding any that lapsed)."""
+
+    async def release(self, tenant: str, kind: str, holder: str) -> None: ...
+
+    async def take(self, tenant: str, count: int, rate: int, burst: int) -> float:
+        """Take ``count`` tokens from the tenant's bucket (``burst`` tokens, refilled at ``rate`` a
+        second, one clock for every worker); 0 when taken, else the seconds until they would be
+        there, nothing taken."""
+
+
 class Backend(Protocol):
     """One backend: its stores, and the lifecycle they share (one connection pool, one epoch)."""
 
@@ -325,6 +379,8 @@ class Backend(Protocol):
     broadcast: Broadcast
     records: RecordStore
     leases: Leases
+    credentials: Credentials
+    quotas: Quotas
 
     async def start(self) -> None:
         """Connect and agree on the data generation. Raises ``BackendUnavailable``."""

@@ -31,6 +31,7 @@ __all__ = [
     "Frame",
     "Handlers",
     "InboxRead",
+    "KeyRecord",
     "SessionRecord",
     "StreamClaim",
     "StreamStart",
@@ -134,6 +135,28 @@ class StreamStart:
     subscriptions: set[str]
     claim: StreamClaim
     read: InboxRead
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """A runtime API key as ``Credentials`` stores it: never the key itself, only its ``digest``.
+
+    Times are Unix seconds; ``expires_at`` None: never expires; ``revoked_at`` None: not revoked.
+    """
+
+    id: str
+    #: SHA-256 of the key, hex: what a presented key is looked up by.
+    digest: str
+    tenant: str
+    subject: str
+    scopes: tuple[str, ...]
+    created_at: float
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+    def valid(self, now: float) -> bool:
+        """Not revoked and not expired at ``now``."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
 
 WakeHandler = Callable[[Wake], None]

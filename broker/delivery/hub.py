@@ -4,7 +4,9 @@ One ``Hub`` per process drives keep-alives for every stream from a single timer,
 idle clock of sessions with an open stream from running out, watches the backend's health
 while streams are open (one ping at a time, on its own schedule, ending every stream with
 ``retry:`` once the backend has not answered for ``outage_grace`` seconds), subscribes the
-process's listens to the broadcast of processed changes, and ends every stream on shutdown
+process's listens to the broadcast of processed changes, ends the streams of stored credentials
+that were revoked (one batched check of them all every ``credential_check_seconds``; expiry is
+each stream's own timer, ``Stream.bind``), and ends every stream on shutdown
 (``retry:`` for legacy streams, the ``complete`` result for listens). It knows the streams only
 through the ``Streams`` registry; they never reach back into it.
 """
@@ -13,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Final
 
 from broker.backends.base import Broadcast
 from broker.config import Settings
 from broker.delivery.listen import ListenIndex
-from broker.delivery.stream import EndReason, Streams
+from broker.delivery.stream import EndReason, Stream, Streams
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.metrics import Metrics
 
@@ -39,15 +41,17 @@ class Hub:
 
     def __init__(self, settings: Settings, streams: Streams, listens: ListenIndex, broadcast: Broadcast, *,
                  touch: Callable[[Sequence[str]], Awaitable[None]], ping: Callable[[], Awaitable[None]],
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, revoked: Callable[[Collection[str]], Awaitable[set[str]]] | None = None) -> None:
         """``touch`` restarts the idle clock of sessions; ``ping`` raises ``BackendUnavailable`` when the
-        backend does not answer."""
+        backend does not answer; ``revoked`` says which of the stored credentials given no longer
+        hold (None: no stored credentials, nothing to check)."""
         self.settings = settings
         self.streams = streams
         self.listens = listens
         self.broadcast = broadcast
         self.touch = touch
         self.ping = ping
+        self.revoked = revoked
         self._outages = metrics.counter("mcp_broker_backend_outages_total")
         self._outage_seconds = metrics.counter("mcp_broker_backend_outage_seconds_total")
         self._tasks: list[asyncio.Task[None]] = []
@@ -64,6 +68,8 @@ class Hub:
         self._tasks = [loop.create_task(self._tick(), name="hub-keepalive"),
                        loop.create_task(self._touch(), name="hub-touch"),
                        loop.create_task(self._watch_backend(), name="hub-health")]
+        if self.revoked is not None:
+            self._tasks.append(loop.create_task(self._check_credentials(self.revoked), name="hub-credentials"))
 
     async def _tick(self) -> None:
         # Keep-alives are spread over KEEPALIVE_SLOTS ticks per interval, and only streams that
@@ -99,6 +105,31 @@ class Hub:
             except Exception:  # the task's boundary: the next round must still run
                 raise_if_cancelled()
                 logger.exception("refreshing the idle clocks of open sessions failed")
+
+    async def _check_credentials(self, revoked: Callable[[Collection[str]], Awaitable[set[str]]]) -> None:
+        """End (``REVOKED``) the streams whose stored credential no longer holds, on every worker.
+
+        One task for the whole process, and one backend call per round for every credential of
+        its open streams (``TOUCH_CHUNK`` at a time): an idle stream costs no check of its own.
+        A revocation is seen at most ``credential_check_seconds`` (and a lookup) after it was made.
+        """
+        while True:
+            await asyncio.sleep(self.settings.credential_check_seconds)
+            held: dict[str, list[Stream]] = {}
+            for stream in self.streams.all():
+                if stream.credential is not None and stream.ended is None:
+                    held.setdefault(stream.credential, []).append(stream)
+            ids = list(held)
+            try:
+                for start in range(0, len(ids), TOUCH_CHUNK):
+                    for credential in await revoked(ids[start:start + TOUCH_CHUNK]):
+                        for stream in held.get(credential, ()):
+                            stream.end(EndReason.REVOKED)
+            except BackendUnavailable:
+                pass  # checked again next round; a long outage ends the streams anyway (``_watch_backend``)
+            except Exception:  # the task's boundary: the next round must still run
+                raise_if_cancelled()
+                logger.exception("checking the credentials of open streams failed")
 
     async def _watch_backend(self) -> None:
         """End every stream with ``retry:`` once the backend has not answered for ``outage_grace`` seconds.

@@ -158,6 +158,7 @@ class LegacyStream(Stream):
         except BackendUnavailable:
             self.end(EndReason.UNAVAILABLE)
         finally:
+            self.unbind()
             services.streams.legacy.pop(self, None)
             services.metrics.ended(self.ended or EndReason.DISCONNECT)
             if unwatch is not None:

@@ -181,6 +181,7 @@ class ListenIndex:
 
     def close(self, listen: Listen) -> None:
         """Forget a listen, however it ended (or if it never ran); closing twice is harmless."""
+        listen.unbind()
         if listen in self.streams.listens:
             del self.streams.listens[listen]
             self.metrics.ended(listen.ended or EndReason.DISCONNECT)

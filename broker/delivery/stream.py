@@ -6,7 +6,8 @@ request that opened it, writes through a ``Writer`` (an SSE response or the stdi
 and ends for one ``EndReason``; the reason says what the client is told at the end.
 
 Who ends whom: a stream ends when its writer reports a disconnect, when the worker shuts down,
-when the backend has been unreachable for ``outage_grace`` seconds (``delivery.hub``), or
+when the backend has been unreachable for ``outage_grace`` seconds (``delivery.hub``), when its
+caller's credential expires (a timer set by ``bind``) or is revoked (the Hub's check), or
 (legacy) when another stream of the same session takes over. Ending only sets the reason and
 wakes the stream's own task, which then returns; nothing is cancelled from outside.
 """
@@ -57,6 +58,10 @@ class EndReason(StrEnum):
     GONE = "gone"
     #: A newer stream of the same session took over.
     TAKEOVER = "takeover"
+    #: The caller's credential expired: the client comes back with a fresh one.
+    EXPIRED = "expired"
+    #: The caller's credential was revoked (a stored key); likewise.
+    REVOKED = "revoked"
 
     @property
     def reconnect(self) -> bool:
@@ -66,7 +71,7 @@ class EndReason(StrEnum):
     @property
     def completes(self) -> bool:
         """A listen ends with its ``complete`` result (2026-07-28's graceful end) rather than a cut."""
-        return self is EndReason.SHUTDOWN
+        return self in _COMPLETES
 
     @property
     def resumable(self) -> bool:
@@ -74,7 +79,10 @@ class EndReason(StrEnum):
         return self in _RESUMABLE
 
 
-_RECONNECT: Final = frozenset({EndReason.SHUTDOWN, EndReason.UNAVAILABLE, EndReason.LOST})
+_RECONNECT: Final = frozenset({EndReason.SHUTDOWN, EndReason.UNAVAILABLE, EndReason.LOST, EndReason.EXPIRED,
+                              EndReason.REVOKED})
+#: A listen whose credential ends closes as a drained worker's do: the client listens again, with a new one.
+_COMPLETES: Final = frozenset({EndReason.SHUTDOWN, EndReason.EXPIRED, EndReason.REVOKED})
 _RESUMABLE: Final = frozenset({EndReason.UNAVAILABLE, EndReason.LOST})
 
 
@@ -133,9 +141,12 @@ class Stream:
     ``Event.wait`` adds a coroutine frame. Every reason to wake is also kept in the stream's
     state (``ended``, ``ping``, a subclass's pending frames), which the task looks at before
     it sleeps again, so a wake that comes while the task is busy is never lost.
+
+    A stream opened with a credential that expires (``bind``) also sleeps until that moment: a
+    timer on the event loop ends it then, so an idle stream costs nothing until it is due.
     """
 
-    __slots__ = ("_waiter", "active", "ended", "ping")
+    __slots__ = ("_deadline", "_waiter", "active", "credential", "ended", "ping")
 
     def __init__(self) -> None:
         self.ended: EndReason | None = None
@@ -143,11 +154,33 @@ class Stream:
         #: Woke up for something other than a keep-alive since the Hub last looked.
         self.active = False
         self._waiter: asyncio.Future[None] | None = None
+        #: The stored credential (a runtime key's id) the caller came with, for the Hub's revocation check.
+        self.credential: str | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def bind(self, credential: str | None, expires_at: float | None) -> None:
+        """Tie the stream to its caller's credential: it ends (``EXPIRED``) at ``expires_at`` (Unix
+        seconds; None: never), and the Hub ends it (``REVOKED``) once ``credential`` is revoked."""
+        self.credential = credential
+        if expires_at is None:
+            return
+        left = expires_at - time.time()
+        if left <= 0:
+            self.end(EndReason.EXPIRED)
+        else:
+            self._deadline = asyncio.get_running_loop().call_later(left, self.end, EndReason.EXPIRED)
 
     def end(self, reason: EndReason) -> None:
         if self.ended is None:
             self.ended = reason
+        self.unbind()
         self._wake()
+
+    def unbind(self) -> None:
+        """Drop the expiry timer (the stream is over): it would hold the stream until it fired."""
+        deadline, self._deadline = self._deadline, None
+        if deadline is not None:
+            deadline.cancel()
 
     def keepalive(self) -> None:
         self.ping = True

@@ -20,6 +20,7 @@ __all__ = [
     "MISSING_CLIENT_CAPABILITY",
     "NOT_RUN_RESPONSE_TOO_LARGE",
     "PARSE_ERROR",
+    "QUOTA_EXCEEDED",
     "RESOURCE_NOT_FOUND",
     "UNSUPPORTED_PROTOCOL_VERSION",
     "Message",
@@ -46,6 +47,8 @@ UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
 INSUFFICIENT_SCOPE: Final = -31003
 #: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
 SERVICE_UNAVAILABLE: Final = -31000
+#: Broker-defined: the tenant is at one of its quotas (``data.limit`` names which); HTTP 429.
+QUOTA_EXCEEDED: Final = -31002
 #: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.
 NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
 

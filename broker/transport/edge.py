@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from broker import scopes
-from broker.auth import Authenticator, Principal, Unauthorized
+from broker.auth import Authenticator, AuthUnavailable, Principal, Unauthorized
 from broker.errors import BackendUnavailable
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
@@ -172,4 +172,9 @@ class Edge:
             return refusal(style, 401, message, {"WWW-Authenticate": exc.challenge})
         except BackendUnavailable:
             return unavailable(style)
+        except AuthUnavailable as exc:  # the token cannot be checked now: neither accepted nor refused
+            if style is Style.RPC:
+                return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, f"Service unavailable: {exc}", status=503,
+                                              retry_after=exc.retry_after))
+            return detail(503, str(exc), {"Retry-After": str(exc.retry_after)})
         return None

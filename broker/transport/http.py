@@ -154,7 +154,11 @@ class McpEndpoint:
             return json_response(body, headers={"Mcp-Session-Id": record.id})
         if msg.is_request and (refused := self.dispatcher.refusal(principal, msg.method)) is not None:
             return self._error(refused, msg.id)
-        reply = await self.dispatcher.legacy(Call(principal, False, await self._session(request, principal)), msg)
+        try:
+            reply = await self.dispatcher.legacy(Call(principal, False, await self._session(request, principal)), msg,
+                                                 whole=True)
+        except rpc.RpcError as exc:  # a quota's refusal: 429 with Retry-After
+            return rpc_error(exc, msg.id)
         return Response(status_code=202) if reply is None else json_response(reply)
 
     async def post_modern(self, request: Request, principal: Principal, obj: Any) -> Response | SSEResponse:
@@ -203,7 +207,14 @@ class McpEndpoint:
                 # A cursor from another data generation: the gap rule, never "replay everything".
                 resync, cursor = True, 0
         version = version_header or session.protocol_version or DEFAULT_LEGACY
-        stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS)
+        stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS,
+                                               principal=principal)
+        try:
+            release = await self.dispatcher.stream_lease(session)
+        except rpc.RpcError as exc:
+            return rpc_error(exc)
+        if release is not None:  # the tenant's streams quota: its place goes back however the stream ends
+            return _ListenResponse(stream.run, stream.disconnect, lambda: release(stream.ended), retry_ms=self.retry_ms)
         # Bound methods rather than closures: nothing else per stream to keep for its lifetime.
         return SSEResponse(stream.run, stream.disconnect, retry_ms=self.retry_ms)
 
@@ -231,7 +242,8 @@ def _parse(obj: Any) -> rpc.Message:
 
 
 class _ListenResponse(SSEResponse):
-    """An SSE response that releases its listen however it ends, even if the stream never started."""
+    """An SSE response that releases its listen (or a stream's quota place) however it ends, even if
+    the stream never started."""
 
     __slots__ = ("release",)
 

@@ -9,6 +9,9 @@
     while Redis is away.
 ``/metrics``
     The metrics binding's exposition (Prometheus text format), when one is configured.
+``/.well-known/oauth-protected-resource`` (and ``.../mcp``)
+    With OAuth on, this server's protected resource metadata (RFC 9728): the authorization
+    server a client gets its token from, and the scopes it may ask for (docs/OAUTH.md).
 
 None of them needs credentials, and none says anything per tenant.
 """
@@ -20,10 +23,14 @@ from collections.abc import Callable
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
+from broker.auth import SCOPES
+from broker.config import Settings
 from broker.health import Health
+from broker.oauth import metadata_paths
+from broker.scopes import ADMIN
 from broker.transport.edge import detail, json_response
 
-__all__ = ["Livez", "MetricsEndpoint", "Readyz"]
+__all__ = ["Livez", "MetricsEndpoint", "Readyz", "ResourceMetadata", "resource_metadata_paths"]
 
 #: What a metrics binding renders: the body and its content type.
 Render = Callable[[], tuple[bytes, str]]
@@ -54,3 +61,25 @@ class MetricsEndpoint:
             return detail(404, "no metrics binding is configured")
         body, content_type = self.render()
         return Response(body, media_type=content_type)
+
+
+class ResourceMetadata:
+    """The protected resource metadata document (RFC 9728 §2), the same at each of its paths."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.document = {
+            "resource": settings.oauth_resource or settings.oauth_audience,
+            "authorization_servers": [settings.oauth_issuer],
+            "scopes_supported": [*SCOPES, ADMIN],
+            "bearer_methods_supported": ["header"],
+            "resource_name": settings.server_name,
+        }
+
+    async def respond(self, scope: Scope, receive: Receive) -> Response:
+        return json_response(self.document)
+
+
+def resource_metadata_paths(settings: Settings) -> tuple[str, ...]:
+    """Where ``ResourceMetadata`` is served: nowhere unless OAuth is on."""
+    return metadata_paths(settings.oauth_resource or settings.oauth_audience) if "oauth" in settings.auth_methods \
+        else ()

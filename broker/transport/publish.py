@@ -6,7 +6,8 @@ itself (a sync dependency even hopped to a thread for every request). Origin, me
 anything but POST) and authentication were checked at the edge. Errors keep the REST API's
 shape: ``{"detail": "..."}`` with 400, 401, 403 (a foreign ``Origin``, a caller without the
 ``changes:publish`` scope, or a record URI of another tenant), 405, 413, 422, 429 (the tenant
-has ``changelog_tenant_max`` changes not yet delivered) or 503 (the backend is unreachable, or
+has ``changelog_tenant_max`` changes not yet delivered, or publishes faster than its
+``publish_per_second`` quota) or 503 (the backend is unreachable, or
 the change log is full). A 202 means every change of the request passed ``ChangeRules`` and is
 in the change log; one refused change refuses the request, and none of it is published (a 429
 or 503 from the change log's bounds too).
@@ -22,7 +23,7 @@ from starlette.types import Receive, Scope
 
 from broker import scopes
 from broker.changes import ForeignNamespace, InvalidChange
-from broker.errors import BackendUnavailable, LogFull, QuotaExceeded
+from broker.errors import BackendUnavailable, LogFull, PublishRateLimited, QuotaExceeded
 from broker.publisher import Publisher, TooManyChanges
 from broker.transport.edge import BadBody, Style, detail, json_response, principal_of, read_json, unavailable
 
@@ -61,6 +62,8 @@ class ChangesEndpoint:
         except QuotaExceeded as exc:
             # More changes in one request than the tenant may ever have waiting: retrying cannot help.
             return detail(413 if exc.asked > exc.limit else 429, str(exc), {"Retry-After": str(exc.retry_after)})
+        except PublishRateLimited as exc:  # the tenant's publish_per_second quota
+            return detail(429, str(exc), {"Retry-After": str(exc.retry_after)})
         except LogFull as exc:
             return detail(503, str(exc), {"Retry-After": str(exc.retry_after)})
         return json_response({"ids": ids}, 202)

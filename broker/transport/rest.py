@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from broker import scopes
 from broker.auth import Principal
 from broker.config import Settings
-from broker.errors import LimitExceeded, LogFull, NotFound, QuotaExceeded, WriteConflict
+from broker.errors import LimitExceeded, NotFound, PublishRateLimited, PublishRefused, QuotaExceeded, WriteConflict
 from broker.health import Health
 from broker.resources.records import InvalidRecord, Records, RecordTooLarge
 from broker.transport.edge import PRINCIPAL, BadBody, principal_of, read_json
@@ -65,9 +65,10 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
         except BadBody as exc:
             raise HTTPException(exc.status, exc.message) from exc
 
-    def refused(exc: QuotaExceeded | LogFull) -> HTTPException:
-        # The write was refused whole (record and change): nothing was stored.
-        return HTTPException(429 if isinstance(exc, QuotaExceeded) else 503, str(exc),
+    def refused(exc: PublishRefused) -> HTTPException:
+        # The write was refused whole (record and change): nothing was stored. 429: the tenant's own
+        # bound (its changes waiting, its publish_per_second quota); 503: the change log is full.
+        return HTTPException(429 if isinstance(exc, (QuotaExceeded, PublishRateLimited)) else 503, str(exc),
                              headers={"Retry-After": str(exc.retry_after)})
 
     def dot_only(*names: str) -> None:
@@ -117,7 +118,7 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
             created = await records.put(caller.tenant, name, record_id, value)
         except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
             raise refused_write(exc) from exc
-        except (QuotaExceeded, LogFull) as exc:
+        except PublishRefused as exc:
             raise refused(exc) from exc
         return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
                               status_code=201 if created else 200)
@@ -134,7 +135,7 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
             raise refused_write(exc) from exc
         except WriteConflict as exc:
             raise HTTPException(409, "the record kept changing; retry the patch") from exc
-        except (QuotaExceeded, LogFull) as exc:
+        except PublishRefused as exc:
             raise refused(exc) from exc
         return ORJSONResponse(value)
 
@@ -154,7 +155,7 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
             await records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
-        except (QuotaExceeded, LogFull) as exc:
+        except PublishRefused as exc:
             raise refused(exc) from exc
         return Response(status_code=204)
 

@@ -19,8 +19,8 @@ from mcp import types
 from mcp.client.client import Client
 
 from broker.app import create_app
-from broker.mount import mount_broker
 from broker.config import Settings
+from broker.mount import mount_broker
 from tests.sdk_inbox import Inbox
 from tests.support import ROOT, free_port, wait_until
 

@@ -190,6 +190,6 @@ async def test_a_publisher_may_not_forge_the_protocols_meta_keys(http: httpx.Asy
 
 async def test_trace_context_and_own_keys_pass(http: httpx.AsyncClient) -> None:
     uri = record_uri(TENANT, "ledger", "l1")
-    accepted = await http.post("/changes", json={"uri": uri, "meta": {"traceparent": "00-1-2-01", "com.example.mcp/v": 1}},
-                               headers=bearer("publisher"))
+    meta = {"traceparent": "00-1-2-01", "com.example.mcp/v": 1}
+    accepted = await http.post("/changes", json={"uri": uri, "meta": meta}, headers=bearer("publisher"))
     assert accepted.status_code == 202, accepted.text

@@ -18,16 +18,20 @@ from broker.backends.base import (
     Backend,
     Broadcast,
     ChangeLog,
+    Credentials,
     Inboxes,
     Leases,
+    Quotas,
     RecordStore,
     SessionStore,
     SubscriptionIndex,
 )
 from broker.backends.memory.broadcast import MemoryBroadcast
 from broker.backends.memory.changelog import MemoryChangeLog
+from broker.backends.memory.credentials import MemoryCredentials
 from broker.backends.memory.inboxes import MemoryInboxes
 from broker.backends.memory.leases import MemoryLeases
+from broker.backends.memory.quotas import MemoryQuotas
 from broker.backends.memory.records import MemoryRecords
 from broker.backends.memory.sessions import MemorySessions
 from broker.backends.memory.state import SessionState
@@ -55,6 +59,8 @@ class MemoryBackend:
         self.broadcast: Broadcast = MemoryBroadcast()
         self.records: RecordStore = MemoryRecords(settings, changelog)
         self.leases: Leases = MemoryLeases()
+        self.credentials: Credentials = MemoryCredentials()
+        self.quotas: Quotas = MemoryQuotas()
         self._changelog = changelog
 
     async def start(self) -> None:

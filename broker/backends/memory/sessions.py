@@ -14,6 +14,7 @@ from typing import Any
 
 from broker.backends.memory.state import Inbox, SessionState
 from broker.backends.types import SessionRecord
+from broker.errors import OverQuota
 
 __all__ = ["MemorySessions"]
 
@@ -28,8 +29,21 @@ class MemorySessions:
     def epoch(self) -> str:
         return self._state.epoch
 
-    async def create(self, record: SessionRecord) -> None:
+    async def create(self, record: SessionRecord, tenant_limit: int | None = None) -> None:
+        if tenant_limit is not None:
+            self._admit(record.tenant, tenant_limit)
         self._create(record)
+
+    def _admit(self, tenant: str, limit: int) -> None:
+        """Refuse a session beyond the tenant's quota; at the limit, its expired sessions go first
+        (the sweep may not have reached them), so the count is of live sessions only."""
+        members = self._state.by_tenant.get(tenant, set())
+        if len(members) >= limit:
+            for sid in [sid for sid in members if self._state.expired(sid)]:
+                self._delete(sid)
+            if len(members) >= limit:
+                raise OverQuota("sessions", tenant, limit, 5,
+                                f"tenant {tenant!r} has {limit} live sessions (its quota); end one or retry later")
 
     async def get(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
         state = self._state

@@ -13,6 +13,8 @@ store              module              what
 ``broadcast``      ``broadcast``       processed changes to every worker, each at most once
 ``records``        ``records``         records written with their change in one script
 ``leases``         ``leases``          named leases; also each fan-out consumer's partition share
+``quotas``         ``quotas``          per-tenant places (streams, listens) and publish buckets
+``credentials``    ``credentials``     runtime API keys: records by id, found by digest
 =================  ==================  ===========================================================
 
 Beside them: ``keys`` (every key and channel), ``epoch`` (the data generation the session,
@@ -38,8 +40,10 @@ from broker.backends.base import (
     Backend,
     Broadcast,
     ChangeLog,
+    Credentials,
     Inboxes,
     Leases,
+    Quotas,
     RecordStore,
     SessionStore,
     SubscriptionIndex,
@@ -47,10 +51,12 @@ from broker.backends.base import (
 from broker.backends.redis.broadcast import RedisBroadcast
 from broker.backends.redis.changelog import RedisChangeLog
 from broker.backends.redis.connection import Client, ClientFactory, open_clients, unavailable
+from broker.backends.redis.credentials import RedisCredentials
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.inboxes import RedisInboxes
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.leases import RedisLeases
+from broker.backends.redis.quotas import RedisQuotas
 from broker.backends.redis.records import RedisRecords
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.sessions import RedisSessions
@@ -98,6 +104,8 @@ class RedisBackend:
         self.broadcast: Broadcast = self._broadcast
         self.records: RecordStore = RedisRecords(settings, self.redis, self.keys, scripts, self._changelog)
         self.leases: Leases = RedisLeases(self.redis, self.keys, scripts)
+        self.credentials: Credentials = RedisCredentials(self.redis, self.keys)
+        self.quotas: Quotas = RedisQuotas(self.redis, self.keys, scripts)
 
     async def start(self) -> None:
         """Connect, agree on the epoch, create the fan-out group, detect sharded pub/sub.

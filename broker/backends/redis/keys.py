@@ -9,6 +9,8 @@ key                            type        what
 ``P:partitions``               string      change-log partition count, fixed at first start
 ``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
+``P:{t:<tenant>}:q:<kind>``    zset        the tenant's open streams or listens, scored by lease expiry (quotas)
+``P:{t:<tenant>}:q:rate``      hash        the tenant's publish token bucket (quotas)
 ``P:{s:<sid>}:meta``           hash        the session record, inbox ``head``, stream claim ``gen``
 ``P:{s:<sid>}:subs``           set         the session's subscribed URIs
 ``P:{s:<sid>}:inbox``          stream      the session's frames; entry id ``<offset>-0``
@@ -24,6 +26,10 @@ key                            type        what
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
 ``P:{c:<n>}:use:<t>``          hash        the tenant's records (``n``) and their bytes (``b``), for its quota
 ``P:bcast``                    channel     changes for modern listens, every worker subscribes
+``P:{k}:key:<id>``             hash        a runtime API key's record (``base.Credentials``), never the key
+``P:{k}:digest:<sha256>``      string      the id of the key with that digest
+``P:{k}:ids``                  zset        every key's id, score 0, for ordered paging
+``P:{k}:ids:<tenant>``         zset        the tenant's key ids, likewise
 =============================  ==========  ===================================================
 
 ``<tenant>`` and ``<t>`` are the tenant name escaped (``%``, ``:``, ``{``, ``}``, ``/`` as ``%XX``):
@@ -35,6 +41,7 @@ A session's keys and its wake channel share the tag ``{s:<sid>}``, so each sessi
 in one Cluster slot. A tenant's records share the tag of the change-log partition the tenant
 maps to (``{c:<n>}``), so a record write and its change are one atomic script. The index and
 the tenant session sets are cross-slot from the session; they are written in a second step.
+The API keys share the tag ``{k}``: they are few, and each create or revocation is one script.
 """
 
 from __future__ import annotations
@@ -85,6 +92,10 @@ class Keys:
     def tenant_sessions(self, tenant: str) -> str:
         return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:sessions"
 
+    def quota(self, tenant: str, kind: str) -> str:
+        """A tenant's quota state: its places of ``kind`` (zset), or its publish bucket (``kind`` ``rate``, hash)."""
+        return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:q:{kind}"
+
     def index(self, tenant: str, uri: str) -> str:
         # The tenant part holds no ':', so the first ':' after it ends it: injective.
         return f"{self.prefix}:{{i:{escape_tenant(tenant)}:{uri}}}"
@@ -116,3 +127,14 @@ class Keys:
     def record_usage(self, partition: int, tenant: str) -> str:
         """The tenant's record count and bytes, kept by the scripts that write and delete records."""
         return f"{self.prefix}:{{c:{partition}}}:use:{escape_tenant(tenant)}"
+
+    def credential(self, key_id: str) -> str:
+        return f"{self.prefix}:{{k}}:key:{key_id}"
+
+    def credential_digest(self, digest: str) -> str:
+        return f"{self.prefix}:{{k}}:digest:{digest}"
+
+    def credential_ids(self, tenant: str | None = None) -> str:
+        """Every key's id (``tenant`` None), or one tenant's."""
+        base = f"{self.prefix}:{{k}}:ids"
+        return base if tenant is None else f"{base}:{escape_tenant(tenant)}"

@@ -35,6 +35,10 @@ NAMES = (
     "fanout_consumers",
     "changelog_append",
     "changelog_ack",
+    "quota_acquire",
+    "quota_refresh",
+    "quota_take",
+    "session_admit",
 )
 
 
@@ -66,3 +70,7 @@ class Scripts:
         self.fanout_consumers: AsyncScript = loaded["fanout_consumers"]
         self.changelog_append: AsyncScript = loaded["changelog_append"]
         self.changelog_ack: AsyncScript = loaded["changelog_ack"]
+        self.quota_acquire: AsyncScript = loaded["quota_acquire"]
+        self.quota_refresh: AsyncScript = loaded["quota_refresh"]
+        self.quota_take: AsyncScript = loaded["quota_take"]
+        self.session_admit: AsyncScript = loaded["session_admit"]

@@ -31,8 +31,12 @@ from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.watchers import Watchers
 from broker.backends.types import SessionRecord
 from broker.config import Settings
+from broker.errors import OverQuota
 
 __all__ = ["Lifetimes", "RedisSessions"]
+
+#: Members of a tenant at its session quota looked up per refused ``initialize``, for dead ones.
+ADMIT_PRUNE = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ class RedisSessions:
         # Touches refresh the registry at most every ttl/4, so this deadline is never early.
         return now + self.settings.session_ttl * 1.25
 
-    async def create(self, record: SessionRecord) -> None:
+    async def create(self, record: SessionRecord, tenant_limit: int | None = None) -> None:
         keys = self.keys.session(record.id)
         now = time.time()
         record.epoch = self._epoch.value
@@ -83,6 +87,8 @@ class RedisSessions:
         deadline = self._registry_deadline(now)
         life = self._lifetimes
         with unavailable("sessions.create"):
+            if tenant_limit is not None:
+                await self._admit(record, tenant_limit, now, deadline)
             batch = Batch(self.client)
             self._epoch.read_into(batch)
             batch.call(self.scripts.session_create, [keys.meta, keys.subs, keys.inbox], [life.ttl_ms, *fields])
@@ -93,6 +99,31 @@ class RedisSessions:
             if self._epoch.observe(epoch):
                 record.epoch = epoch
                 await self.client.hset(keys.meta, "epoch", epoch)
+
+    async def _admit(self, record: SessionRecord, limit: int, now: float, deadline: float) -> None:
+        """Take a place in the tenant's session set (``session_admit.lua``), or raise OverQuota.
+
+        At the limit, members whose deadline is close enough that they may have expired
+        (``Lifetimes``: a live one's is more than ttl/4 ahead) are looked up, and the dead ones
+        leave the set before the one retry; an ended session left it when it ended.
+        """
+        key = self.keys.tenant_sessions(record.tenant)
+        args: list[str | int | float] = [repr(now), limit, record.id, deadline, self._lifetimes.derived_ms]
+        if int(await self.scripts.session_admit(keys=[key], args=args)) < 0:
+            return
+        maybe_dead = [as_text(sid) for sid in cast("list[bytes]", await self.client.zrangebyscore(
+            key, now, now + self.settings.session_ttl / 4 + 1.0, start=0, num=ADMIT_PRUNE))]
+        if maybe_dead:
+            probe = Batch(self.client)
+            for sid in maybe_dead:
+                probe.pipe.exists(self.keys.session(sid).meta)
+            dead = [sid for sid, alive in zip(maybe_dead, await probe.execute(), strict=True) if not alive]
+            if dead:
+                await self.client.zrem(key, *dead)
+                if int(await self.scripts.session_admit(keys=[key], args=args)) < 0:
+                    return
+        raise OverQuota("sessions", record.tenant, limit, 5,
+                        f"tenant {record.tenant!r} has {limit} live sessions (its quota); end one or retry later")
 
     async def get(self, session_id: str, *, touch_as: str | None = None) -> SessionRecord | None:
         """With ``touch_as``, the read and the touch go in one round trip."""

@@ -1,0 +1,66 @@
+"""Who a caller is, and the three answers a credential check can give: a principal, a refusal, "not now".
+
+Kept apart from ``broker.auth`` (which composes the checks and re-exports all of this) so that
+a module that checks one kind of credential (``broker.oauth``, a key store) can name these
+types without importing the module that builds it: ``broker.auth`` imports those modules,
+never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+__all__ = ["ALL_SCOPES", "SCOPES", "AuthUnavailable", "Principal", "TokenVerifier", "Unauthorized"]
+
+#: What a principal may do: read resources, watch them, write records, publish changes.
+SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
+ALL_SCOPES: Final = frozenset(SCOPES)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    subject: str
+    #: The scopes it holds (not part of its identity: a session stays bound across a token refresh).
+    scopes: frozenset[str] = field(default=ALL_SCOPES, compare=False)
+    #: When its credential stops being valid (a token's ``exp``, a key's expiry; Unix seconds), None: never.
+    expires_at: float | None = field(default=None, compare=False)
+    #: Which stored credential it came from (a runtime API key's id), so a revocation can find its streams.
+    credential: str | None = field(default=None, compare=False)
+
+    @property
+    def key(self) -> str:
+        """The binding stored on a session: ``<tenant>/<subject>``."""
+        return f"{self.tenant}/{self.subject}"
+
+
+class Unauthorized(Exception):
+    """No valid credentials were presented (HTTP 401); ``challenge`` is the ``WWW-Authenticate`` value."""
+
+    def __init__(self, reason: str, challenge: str = "Bearer") -> None:
+        super().__init__(reason)
+        self.challenge = challenge
+
+
+class AuthUnavailable(Exception):
+    """The credential cannot be checked right now (the authorization server or its keys cannot be
+    reached): HTTP 503 with ``Retry-After``, never an acceptance and never a 401 that would make a
+    client throw a good token away."""
+
+    def __init__(self, reason: str, retry_after: int = 1) -> None:
+        super().__init__(reason)
+        self.retry_after = max(1, retry_after)
+
+
+class TokenVerifier(Protocol):
+    """One kind of bearer token (static keys, stored keys, OAuth access tokens)."""
+
+    async def verify(self, token: str) -> Principal | None:
+        """The principal ``token`` stands for, or None when it is not a token of this kind (the next
+        verifier is asked).
+
+        Raises:
+            Unauthorized: it is a token of this kind, and it is refused (expired, revoked, forged...).
+            AuthUnavailable: whether it is valid cannot be known right now.
+        """

@@ -1,0 +1,252 @@
+"""OAuth 2.1 access tokens, as the MCP authorization specification has a resource server check them.
+
+``OAuthTokens`` is a ``TokenVerifier`` (``broker.auth``) for the tokens of one authorization
+server (``MCP_BROKER_OAUTH_ISSUER``):
+
+* a JWT is checked here, against the keys the server publishes (``broker.jwks``): an asymmetric
+  signature by one of them, ``iss`` equal to the issuer, ``aud`` naming this server
+  (``MCP_BROKER_OAUTH_AUDIENCE``: a token the server issued for another resource is refused, so
+  it cannot be replayed here), ``exp`` present and not past, ``nbf`` and ``iat`` not ahead, each
+  within ``MCP_BROKER_OAUTH_LEEWAY`` seconds of clock skew;
+* any other token is asked of the server's introspection endpoint (RFC 7662) when introspection
+  is configured: ``active`` must be true, and the answer passes the same ``iss``, ``aud`` and
+  ``exp`` checks; answers are kept for at most ``INTROSPECTION_TTL`` seconds (never past the
+  token's ``exp``), at most ``INTROSPECTION_CACHE`` of them.
+
+The claims become the ``Principal``: the tenant from the claim ``MCP_BROKER_OAUTH_TENANT_CLAIM``
+(a valid tenant name, ``broker.tenants``), the subject from ``sub``, the scopes from ``scope`` (a
+space-separated string) or ``scp`` (a list or a string), ``expires_at`` from ``exp``. Tenants
+are not a configured list anywhere in the broker (an API key may name any valid tenant name,
+and so may the authorization server): a tenant the broker has not seen starts empty.
+
+A token refused is ``Unauthorized`` (401); a token that cannot be checked because the server
+or its keys cannot be reached is ``AuthUnavailable`` (503), never an acceptance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+import jwt
+import orjson
+
+from broker.config import Settings
+from broker.identity import AuthUnavailable, Principal, Unauthorized
+from broker.jwks import ALGORITHMS, IssuerKeys
+from broker.tenants import TENANT_RULE, tenant_problem
+
+__all__ = ["INTROSPECTION_CACHE", "INTROSPECTION_TTL", "WELL_KNOWN", "OAuthTokens", "metadata_paths", "metadata_url"]
+
+logger = logging.getLogger(__name__)
+
+#: Where protected resource metadata is served (RFC 9728 §3).
+WELL_KNOWN: Final = "/.well-known/oauth-protected-resource"
+#: Seconds an introspection answer is kept, and how many are.
+INTROSPECTION_TTL: Final = 60.0
+INTROSPECTION_CACHE: Final = 10_000
+#: Seconds a request to the authorization server may take.
+HTTP_TIMEOUT: Final = 5.0
+#: The broker's own stored API keys start with this: never an OAuth token, never sent to the server.
+STORED_KEY_PREFIX: Final = "mcpb_"
+#: Characters of a subject a principal may carry (it is part of every session's binding).
+MAX_SUBJECT: Final = 256
+
+
+def metadata_url(resource: str) -> str:
+    """The absolute URL of the protected resource metadata of ``resource`` (RFC 9728 §3.1: the well-known
+    path between its host and its path). Built from the setting, never from a request's ``Host``."""
+    parts = urlsplit(resource)
+    return f"{parts.scheme}://{parts.netloc}{WELL_KNOWN}{parts.path.rstrip('/')}"
+
+
+def metadata_paths(resource: str) -> tuple[str, ...]:
+    """The paths the metadata is served at: the root form, the form for ``/mcp``, and the form for
+    the resource's own path when that differs (a broker behind a path prefix)."""
+    own = WELL_KNOWN + urlsplit(resource).path.rstrip("/")
+    return tuple(dict.fromkeys((WELL_KNOWN, WELL_KNOWN + "/mcp", own)))
+
+
+class OAuthTokens:
+    """Access tokens of one authorization server: JWTs verified locally, opaque ones introspected."""
+
+    def __init__(self, issuer: str, audience: str, *, tenant_claim: str = "tenant", leeway: float = 30.0,
+                 refresh_interval: float = 30.0, introspection_url: str | None = None, introspect: bool = False,
+                 client_id: str = "", client_secret: str = "", http: httpx.AsyncClient | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.issuer = issuer
+        self.audience = audience
+        self.tenant_claim = tenant_claim
+        self.leeway = leeway
+        self.introspection_url = introspection_url or None
+        self.introspects = introspect or self.introspection_url is not None
+        self._client_auth = (client_id, client_secret) if client_id else None
+        self._owns_http = http is None
+        self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False)
+        self.keys = IssuerKeys(issuer, self.http, refresh_interval=refresh_interval)
+        self._clock = clock
+        self._cache: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._prefetch: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, http: httpx.AsyncClient | None = None) -> OAuthTokens:
+        return cls(settings.oauth_issuer, settings.oauth_audience, tenant_claim=settings.oauth_tenant_claim,
+                   leeway=settings.oauth_leeway, refresh_interval=settings.oauth_jwks_refresh_interval,
+                   introspection_url=settings.oauth_introspection_url, introspect=settings.oauth_introspection,
+                   client_id=settings.oauth_client_id, client_secret=settings.oauth_client_secret, http=http)
+
+    async def start(self) -> None:
+        """Fetch the server's metadata and keys in the background: the broker starts whether it answers or not."""
+        self._prefetch = asyncio.create_task(self.keys.prefetch(), name="oauth-prefetch")
+
+    async def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+            await asyncio.gather(self._prefetch, return_exceptions=True)
+        if self._owns_http:  # a client of its own, again, should the broker start again
+            http, self.http = self.http, httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False)
+            self.keys.http = self.http
+            await http.aclose()
+
+    async def verify(self, token: str) -> Principal | None:
+        if token.startswith(STORED_KEY_PREFIX):
+            return None
+        header = _jwt_header(token)
+        if header is not None and (not self.introspects or (await self.keys.metadata()).jwks_uri is not None):
+            return await self._verify_jwt(token, header)
+        if self.introspects:
+            return await self._introspect(token)
+        return None  # not a JWT, and nothing to ask about it: some other verifier's, or nobody's
+
+    async def _verify_jwt(self, token: str, header: Mapping[str, Any]) -> Principal:
+        alg, kid = header.get("alg"), header.get("kid")
+        if not isinstance(alg, str) or alg not in ALGORITHMS:
+            raise Unauthorized(f"tokens signed with {alg!r} are not accepted")
+        if kid is not None and not isinstance(kid, str):
+            raise Unauthorized("the token's kid is not a string")
+        keys = await self.keys.candidates(kid, alg)
+        if not keys:
+            raise Unauthorized("the token is signed by a key the authorization server does not publish")
+        for key in keys:
+            try:
+                claims = jwt.decode(token, key, algorithms=[alg], audience=self.audience, issuer=self.issuer,
+                                    leeway=self.leeway, options={"require": ["exp", "iss", "aud"]})
+            except jwt.InvalidSignatureError:
+                continue  # a token without a kid: the next key of the set may have signed it
+            except jwt.PyJWTError as exc:
+                raise Unauthorized(_reason(exc)) from None
+            return self.principal(claims)
+        raise Unauthorized("the token's signature does not verify")
+
+    def principal(self, claims: Mapping[str, Any]) -> Principal:
+        """The principal of a token's verified claims (``exp`` already checked).
+
+        Raises:
+            Unauthorized: they name no subject, or no valid tenant.
+        """
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT or not subject.isprintable():
+            raise Unauthorized("the token names no subject (sub)")
+        tenant = claims.get(self.tenant_claim)
+        if not isinstance(tenant, str) or not tenant:
+            raise Unauthorized(f"the token names no tenant (claim {self.tenant_claim})")
+        if tenant_problem(tenant) is not None:
+            raise Unauthorized(f"the token's {self.tenant_claim} claim is not a tenant name ({TENANT_RULE})")
+        return Principal(tenant, subject, _scopes(claims), expires_at=float(claims["exp"]))
+
+    async def _introspect(self, token: str) -> Principal:
+        digest = hashlib.sha256(token.encode()).hexdigest()  # the cache keeps no token itself
+        now = self._clock()
+        hit = self._cache.get(digest)
+        if hit is not None:
+            if now < hit[1]:
+                return hit[0]
+            del self._cache[digest]
+        url = self.introspection_url or (await self.keys.metadata()).introspection_endpoint
+        if url is None:
+            raise AuthUnavailable("the authorization server names no introspection endpoint", 60)
+        claims = await self._ask(url, token)
+        if claims.get("active") is not True:
+            raise Unauthorized("the token is not active")
+        self._check(claims, now)
+        principal = self.principal(claims)
+        self._cache[digest] = (principal, min(float(claims["exp"]), now + INTROSPECTION_TTL))
+        while len(self._cache) > INTROSPECTION_CACHE:
+            self._cache.popitem(last=False)
+        return principal
+
+    async def _ask(self, url: str, token: str) -> dict[str, Any]:
+        """The introspection endpoint's answer about ``token`` (RFC 7662 §2)."""
+        try:
+            response = await self.http.post(url, data={"token": token, "token_type_hint": "access_token"},
+                                            auth=self._client_auth or httpx.USE_CLIENT_DEFAULT,
+                                            headers={"accept": "application/json"})
+            answer = orjson.loads(response.content) if response.status_code == 200 else None
+        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            logger.warning("token introspection at %s failed: %s: %s", url, type(exc).__name__, exc)
+            raise AuthUnavailable("the authorization server cannot be reached to check the token") from None
+        if not isinstance(answer, dict):
+            logger.warning("token introspection at %s answered HTTP %d%s", url, response.status_code,
+                           " (check MCP_BROKER_OAUTH_CLIENT_ID and _SECRET)" if response.status_code == 401 else "")
+            raise AuthUnavailable("the authorization server cannot be reached to check the token")
+        return answer
+
+    def _check(self, claims: Mapping[str, Any], now: float) -> None:
+        """What ``jwt.decode`` checks of a JWT, for an introspection answer (whose ``iss`` may be left out:
+        the answer comes from the server itself)."""
+        if claims.get("iss", self.issuer) != self.issuer:
+            raise Unauthorized("the token is from another issuer")
+        audience = claims.get("aud")
+        if self.audience not in (audience if isinstance(audience, list) else [audience]):
+            raise Unauthorized("the token is not for this server (aud)")
+        exp, nbf = claims.get("exp"), claims.get("nbf")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            raise Unauthorized("the token has no exp claim")
+        if exp <= now - self.leeway:
+            raise Unauthorized("the token has expired")
+        if isinstance(nbf, int | float) and nbf > now + self.leeway:
+            raise Unauthorized("the token is not valid yet")
+
+
+def _jwt_header(token: str) -> dict[str, Any] | None:
+    """The header of a token in JWS compact form, None when it is not one (an opaque token)."""
+    if token.count(".") != 2:
+        return None
+    try:
+        return jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        return None
+
+
+def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
+    """``scope`` (RFC 8693 / RFC 9068: space separated) and ``scp`` (a list, or a string), together."""
+    found: set[str] = set()
+    for name in ("scope", "scp"):
+        value = claims.get(name)
+        if isinstance(value, str):
+            found.update(value.split())
+        elif isinstance(value, list):
+            found.update(item for item in value if isinstance(item, str))
+    return frozenset(found)
+
+
+def _reason(exc: jwt.PyJWTError) -> str:
+    """What a client is told about a refused JWT."""
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return "the token has expired"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "the token is not valid yet"
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "the token is not for this server (aud)"
+    if isinstance(exc, jwt.InvalidIssuerError):
+        return "the token is from another issuer"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"the token has no {exc.claim} claim"
+    return f"the token is not a valid JWT ({type(exc).__name__})"

@@ -1,0 +1,233 @@
+"""Per-tenant quotas (``MCP_BROKER_QUOTAS``, docs/QUOTAS.md): what each tenant may hold, and how fast it may publish.
+
+``TenantQuotas`` reads the setting, a JSON map of tenant (or ``default``) to limits, strictly:
+every tenant named must be one the settings configure, every limit one of ``LIMITS``, every
+value a non-negative integer. A tenant's entry overrides ``default`` limit by limit; a limit
+set in neither is unlimited (the global bounds of docs/LIMITS.md still hold).
+
+``Quotas`` enforces the three kinds that are not enforced by a store's own atomic step:
+
+* ``streams`` and ``listens``: leases in the backend (``base.Quotas``), one per open legacy GET
+  stream (held by the session id, so a takeover is not a second stream) or listen, renewed by
+  the worker that holds it every ``LEASE_TTL_MS / 3``. A worker killed with its streams open
+  leaves leases that lapse by themselves after ``LEASE_TTL_MS``.
+* ``publish_per_second``: a token bucket per tenant shared by every worker (``base.Quotas.take``),
+  of ``publish_burst`` tokens (one second's worth by default).
+
+``sessions`` is counted by the session store itself (``SessionStore.create``) and
+``subscriptions`` bound per session by the subscription index: both in the same atomic step as
+the write they limit. Every check is one backend call per request, only for a tenant that has
+that quota, and nothing happens per delivered frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.backends.base import Quotas as QuotaStore
+from broker.config import Settings
+from broker.errors import BackendUnavailable, OverQuota, PublishRateLimited, raise_if_cancelled
+from broker.protocol import jsonrpc as rpc
+
+__all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_error", "quota_problems"]
+
+logger = logging.getLogger(__name__)
+
+#: The limits a tenant's entry may set.
+LIMITS: Final = ("sessions", "subscriptions", "streams", "listens", "publish_per_second", "publish_burst")
+#: Milliseconds a stream's or listen's lease lives past its holder's last renewal (every third of it).
+LEASE_TTL_MS: Final = 15_000
+#: Seconds a client over a count quota is asked to wait: places free up as other sessions or streams end.
+COUNT_RETRY: Final = 5
+EXAMPLE: Final = '\'{"default": {"sessions": 10000}, "acme": {"sessions": 50000, "publish_per_second": 500}}\''
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One tenant's effective quotas; None is unlimited."""
+
+    sessions: int | None = None
+    subscriptions: int | None = None
+    streams: int | None = None
+    listens: int | None = None
+    publish_per_second: int | None = None
+    publish_burst: int | None = None
+
+    @property
+    def burst(self) -> int:
+        """The bucket's capacity: ``publish_burst``, else one second's worth."""
+        return self.publish_burst if self.publish_burst is not None else max(self.publish_per_second or 0, 1)
+
+
+NO_LIMITS: Final = Limits()
+
+
+class TenantQuotas:
+    """The parsed setting: each tenant's ``Limits``, and ``default``'s for the others."""
+
+    def __init__(self, entries: dict[str, Limits] | None = None) -> None:
+        self._entries = entries or {}
+        self._default = self._entries.get("default", NO_LIMITS)
+
+    def __bool__(self) -> bool:
+        return any(limits != NO_LIMITS for limits in self._entries.values())
+
+    def of(self, tenant: str) -> Limits:
+        return self._entries.get(tenant, self._default)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TenantQuotas:
+        """Raises ValueError, one line naming the setting and what to write, for a bad ``MCP_BROKER_QUOTAS``."""
+        return cls.parse(settings.quotas, configured_tenants(settings))
+
+    @classmethod
+    def parse(cls, raw: Any, tenants: set[str]) -> TenantQuotas:
+        if not isinstance(raw, dict):
+            raise ValueError(f"MCP_BROKER_QUOTAS: write a JSON object of tenant to limits, e.g. {EXAMPLE}")
+        given: dict[str, dict[str, int]] = {}
+        for tenant, limits in raw.items():
+            if tenant != "default" and tenant not in tenants:
+                known = ", ".join(sorted(tenants)) or "none"
+                raise ValueError(f"MCP_BROKER_QUOTAS: {tenant!r} is not a configured tenant (configured: {known}); "
+                                 "write one of them, or \"default\" for every tenant without an entry")
+            if not isinstance(limits, dict):
+                raise ValueError(f"MCP_BROKER_QUOTAS: the entry of {tenant!r} must be an object of limits, "
+                                 f'e.g. {{"{tenant}": {{"sessions": 100}}}}')
+            for name, value in limits.items():
+                if name not in LIMITS:
+                    raise ValueError(f"MCP_BROKER_QUOTAS: {name!r} (tenant {tenant!r}) is not a limit; "
+                                     f"write one of {', '.join(LIMITS)}")
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"MCP_BROKER_QUOTAS: {tenant}.{name} is {value!r}; write a whole number, "
+                                     f"0 or more (leave it out for no limit)")
+                if name in ("publish_per_second", "publish_burst") and value == 0:
+                    raise ValueError(f"MCP_BROKER_QUOTAS: {tenant}.{name} is 0; write 1 or more "
+                                     "(leave it out for no limit)")
+            given[tenant] = limits
+        defaults = given.get("default", {})
+        entries = {tenant: Limits(**{**defaults, **limits}) for tenant, limits in given.items()}
+        for tenant, limits in entries.items():
+            if limits.publish_burst is not None and limits.publish_per_second is None:
+                raise ValueError(f"MCP_BROKER_QUOTAS: {tenant}.publish_burst needs a publish_per_second "
+                                 f"(of its own or of \"default\"); write both")
+        return cls(entries)
+
+
+def configured_tenants(settings: Settings) -> set[str]:
+    """Every tenant the settings name: API keys' bindings, the default tenant, file roots, PostgreSQL tables."""
+    tenants = {binding.partition("/")[0] for binding in settings.api_keys.values()}
+    tenants |= {settings.default_tenant, *settings.file_roots, *settings.postgres_tables.values()}
+    return tenants
+
+
+def quota_problems(settings: Settings) -> list[str]:
+    """The line that says what is wrong with ``MCP_BROKER_QUOTAS`` (none when it is right)."""
+    try:
+        TenantQuotas.from_settings(settings)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
+
+
+def quota_error(exc: OverQuota) -> rpc.RpcError:
+    """The JSON-RPC error of a refusal by a quota: -31002, ``data`` naming the limit and the tenant;
+    HTTP 429 with ``Retry-After`` when it is the whole reply."""
+    return rpc.RpcError(rpc.QUOTA_EXCEEDED, f"Quota reached: {exc.message}", exc.data, status=429,
+                        retry_after=exc.retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A place a stream or listen holds in its tenant's count, until ``Quotas.release``."""
+
+    tenant: str
+    kind: str
+    holder: str
+
+
+class Quotas:
+    """Checks the quotas of streams, listens and publishing against the backend (see the module docstring)."""
+
+    def __init__(self, store: QuotaStore, quotas: TenantQuotas) -> None:
+        self.store = store
+        self.quotas = quotas
+        #: The leases this worker holds, renewed together by ``run``, with how many of its streams
+        #: hold each (a session's stream and the one taking it over, both here for a moment).
+        self.held: dict[Lease, int] = {}
+        self._node = secrets.token_hex(4)
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def limits(self, tenant: str) -> Limits:
+        return self.quotas.of(tenant)
+
+    async def acquire(self, kind: str, tenant: str, holder: str | None = None) -> Lease | None:
+        """A place in ``tenant``'s count of ``kind`` (None: the tenant has no such quota).
+
+        ``holder`` names the place (a legacy stream's session id: its takeover holds the same
+        one); by default a new one. Raises OverQuota when the tenant holds its quota already.
+        """
+        quota = getattr(self.quotas.of(tenant), kind)
+        if quota is None:
+            return None
+        lease = Lease(tenant, kind, holder or f"{self._node}-{next(self._ids)}")
+        if not await self.store.acquire(tenant, kind, lease.holder, quota, LEASE_TTL_MS):
+            raise OverQuota(kind, tenant, quota, COUNT_RETRY,
+                            f"tenant {tenant!r} has {quota} open {kind} (its quota); close one or retry later")
+        self.held[lease] = self.held.get(lease, 0) + 1
+        return lease
+
+    def release(self, lease: Lease | None, *, keep: bool = False) -> None:
+        """Give a place back, in the background (a stream ends without waiting for the backend).
+
+        ``keep``: forget it here but leave the backend's entry to whoever holds it now (a legacy
+        stream that another took over: the same session's newer stream holds the place).
+        """
+        if lease is None or lease not in self.held:
+            return
+        self.held[lease] -= 1
+        if self.held[lease] > 0:
+            return  # another stream of this worker holds the same place
+        del self.held[lease]
+        if not keep:
+            task = asyncio.get_running_loop().create_task(self._release(lease))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _release(self, lease: Lease) -> None:
+        try:
+            await self.store.release(lease.tenant, lease.kind, lease.holder)
+        except BackendUnavailable:
+            pass  # the lease lapses by itself within LEASE_TTL_MS
+
+    async def take(self, tenant: str, count: int) -> None:
+        """Take ``count`` tokens of the tenant's publish bucket. Raises PublishRateLimited (nothing taken)."""
+        limits = self.quotas.of(tenant)
+        rate = limits.publish_per_second
+        if rate is None:
+            return
+        wait = await self.store.take(tenant, count, rate, limits.burst)
+        if wait > 0:
+            raise PublishRateLimited(tenant, rate, max(math.ceil(wait), 1))
+
+    async def run(self) -> None:
+        """Renew this worker's leases every third of their life, until cancelled."""
+        while True:
+            await asyncio.sleep(LEASE_TTL_MS / 3000)
+            held = [(lease.tenant, lease.kind, lease.holder) for lease in self.held]
+            if not held:
+                continue
+            try:
+                await self.store.refresh(held, LEASE_TTL_MS)
+            except Exception as exc:  # the loop's boundary: renewing must go on after any one failure
+                raise_if_cancelled()
+                if not isinstance(exc, BackendUnavailable):
+                    logger.exception("renewing %d quota leases failed", len(held))
+
+

@@ -1,0 +1,47 @@
+"""``MCP_BROKER_QUOTAS`` is read strictly: a bad one stops the process with one line saying what to write."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.cli import _settings_problems
+from broker.quotas import Limits, TenantQuotas
+
+KEYS = '{"ka": "acme/a", "kb": "other/b"}'
+
+
+def test_a_tenant_entry_overrides_default_limit_by_limit_and_absent_limits_are_unlimited() -> None:
+    quotas = TenantQuotas.parse({"default": {"sessions": 10, "streams": 3},
+                                 "acme": {"sessions": 50, "publish_per_second": 5}}, {"acme", "other"})
+    assert quotas.of("acme") == Limits(sessions=50, streams=3, publish_per_second=5)
+    assert quotas.of("other") == Limits(sessions=10, streams=3)
+    assert quotas.of("acme").burst == 5, "one second's worth by default"
+    assert TenantQuotas.parse({}, set()).of("x") == Limits()
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ('{"nobody": {"sessions": 1}}', "'nobody' is not a configured tenant"),
+    ('{"acme": {"session": 1}}', "'session' (tenant 'acme') is not a limit; write one of sessions"),
+    ('{"acme": {"sessions": -1}}', "acme.sessions is -1; write a whole number"),
+    ('{"acme": {"sessions": 1.5}}', "acme.sessions is 1.5; write a whole number"),
+    ('{"acme": {"sessions": "5"}}', "acme.sessions is '5'; write a whole number"),
+    ('{"acme": {"sessions": true}}', "acme.sessions is True"),
+    ('{"acme": {"publish_per_second": 0}}', "write 1 or more"),
+    ('{"acme": {"publish_burst": 5}}', "publish_burst needs a publish_per_second"),
+    ('{"acme": 5}', "must be an object of limits"),
+    ('["acme"]', "MCP_BROKER_QUOTAS: write a JSON object of tenant to limits"),
+    ('{not json', "MCP_BROKER_QUOTAS: not valid JSON"),
+])
+def test_a_bad_quota_setting_is_one_line_saying_what_to_write(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                              says: str) -> None:
+    monkeypatch.setenv("MCP_BROKER_API_KEYS", KEYS)
+    monkeypatch.setenv("MCP_BROKER_QUOTAS", value)
+    problems = _settings_problems()
+    assert len(problems) == 1 and says in problems[0], problems
+    assert problems[0].startswith("MCP_BROKER_QUOTAS")
+
+
+def test_configured_tenants_and_default_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_BROKER_API_KEYS", KEYS)
+    monkeypatch.setenv("MCP_BROKER_QUOTAS", '{"default": {"sessions": 5}, "other": {"listens": 0}}')
+    assert _settings_problems() == []
