@@ -20,6 +20,7 @@ from broker.backends.types import SessionRecord
 from broker.batches import answer_batch, check_batch, encode_batch
 from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.listen import Listen, ListenIndex
+from broker.delivery.resumable import ResumableListen, wants_resumable
 from broker.delivery.stream import EndReason
 from broker.errors import LimitExceeded, OverQuota
 from broker.methods import Call, Methods
@@ -28,6 +29,7 @@ from broker.protocol.envelope import check_meta
 from broker.protocol.jsonrpc import Message
 from broker.protocol.versions import BATCH_VERSIONS
 from broker.quotas import Lease, Quotas, quota_error
+from broker.resume import ResumableListens, last_event_id
 from broker.scopes import METHOD_SCOPES, forbidden
 from broker.sessions import Sessions
 
@@ -49,12 +51,15 @@ class Dispatcher:
     """Serves MCP messages of both eras to whichever transport received them."""
 
     def __init__(self, methods: Methods, sessions: Sessions, listens: ListenIndex, streams: LegacyServices, *,
-                 max_batch_items: int, max_response_bytes: int, quotas: Quotas | None = None) -> None:
-        """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client)."""
+                 max_batch_items: int, max_response_bytes: int, quotas: Quotas | None = None,
+                 resumables: ResumableListens | None = None) -> None:
+        """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client).
+        ``resumables``: opens the listens of clients that ask for the resumable-listen extension."""
+        self.resumables = resumables
         self.methods = methods
         self.quotas = quotas
         #: The quota place of each open listen that holds one, until ``close_listen``.
-        self._leases: dict[Listen, Lease] = {}
+        self._leases: dict[Listen | ResumableListen, Lease] = {}
         self.sessions = sessions
         self.listens = listens
         self.streams = streams
@@ -202,7 +207,7 @@ class Dispatcher:
 
     # -- 2026-07-28 (stateless) -----------------------------------------------------------------
     async def modern(self, principal: Principal, msg: Message,
-                     header: Callable[[str], str | None] | None = None) -> bytes | Listen:
+                     header: Callable[[str], str | None] | None = None) -> bytes | Listen | ResumableListen:
         """A modern request's reply, or the listen it opened (the transport runs it and then ``close_listen``).
 
         ``header`` looks up the request's HTTP headers (SEP-2243); stdio has none.
@@ -215,6 +220,8 @@ class Dispatcher:
         check_meta(msg, header)
         call = Call(principal, True)
         if msg.method == "subscriptions/listen":
+            if self.resumables is not None and wants_resumable(msg.params):
+                return await self.resumable_listen(call, msg, header("last-event-id") if header else None)
             return await self.leased_listen(call, msg)
         return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
 
@@ -257,9 +264,47 @@ class Dispatcher:
             self._leases[listen] = lease
         return listen
 
-    def close_listen(self, listen: Listen) -> None:
+    async def resumable_listen(self, call: Call, msg: Message, header: str | None) -> ResumableListen:
+        """Open a resumable listen (``broker.resume``), new or from the last event id its client
+        received (the ``Last-Event-ID`` header, or on stdio its ``_meta``), holding a place in the
+        tenant's ``listens`` quota as a plain listen does.
+
+        Raises:
+            RpcError: -32602 (400) for a bad filter or an id the broker never issues; -31002 (429)
+                over the tenant's ``listens`` or ``sessions`` quota; -32603 (503) when ``max_sessions``
+                sessions are live (a resumable listen keeps its state in one).
+        """
+        assert msg.id is not None and self.resumables is not None
+        uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
+        resume_from = last_event_id(msg.params, header)
+        lease: Lease | None = None
+        if self.quotas is not None and self.quotas.limits(call.principal.tenant).listens is not None:
+            try:
+                lease = await self.quotas.acquire("listens", call.principal.tenant)
+            except OverQuota as exc:
+                raise quota_error(exc) from exc
+        try:
+            listen = await self.resumables.open(call.principal, msg.id, uris, list_changed, ack, resume_from,
+                                                stdio=header is None)
+        except BaseException as exc:
+            if lease is not None and self.quotas is not None:
+                self.quotas.release(lease)
+            if isinstance(exc, OverQuota):
+                raise quota_error(exc) from exc
+            if isinstance(exc, LimitExceeded):
+                raise rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503,
+                                   retry_after=SESSIONS_FULL_RETRY) from exc
+            raise
+        if lease is not None:
+            self._leases[listen] = lease
+        return listen
+
+    def close_listen(self, listen: Listen | ResumableListen) -> None:
         """Release a listen however it ended, even if it never ran."""
-        self.listens.close(listen)
+        if isinstance(listen, Listen):
+            self.listens.close(listen)
+        else:
+            listen.unbind()  # its stream unregistered itself when it ended
         lease = self._leases.pop(listen, None)
         if lease is not None and self.quotas is not None:
             self.quotas.release(lease)

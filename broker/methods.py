@@ -24,6 +24,7 @@ from broker.auth import Principal
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
+from broker.delivery.resumable import RESUMABLE
 from broker.errors import BackendUnavailable, LimitExceeded, NotFound, OverQuota, ResourceRefused
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
@@ -170,7 +171,8 @@ class Methods:
     async def _server_discover(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         return {
             "supportedVersions": list(MODERN_VERSIONS),
-            "capabilities": capabilities(),
+            # The resumable-listen extension is 2026-07-28's: the legacy era resumes its GET stream.
+            "capabilities": {**capabilities(), "extensions": {RESUMABLE: {}}},
             "instructions": self.settings.instructions,
             "ttlMs": 300_000,
             "cacheScope": "public",

@@ -38,6 +38,7 @@ from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
+from broker.resume import ResumableListens
 from broker.sessions import Sessions
 from broker.sources import ChangeSource, Extension, SourceRunner
 from broker.tasks import stop_tasks
@@ -142,8 +143,9 @@ class Broker:
                                  tenant_labels=tenants, quotas=self.quotas.quotas)
         self.streams = Streams()
         subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
+        listen_metrics = StreamMetrics(metrics, "modern")
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
-                                   StreamMetrics(metrics, "modern"), subscriptions)
+                                   listen_metrics, subscriptions)
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index: SubscriptionIndex = backend.subscriptions
@@ -153,9 +155,11 @@ class Broker:
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
+        resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info})
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
-                                     max_response_bytes=settings.max_response_bytes, quotas=self.quotas)
+                                     max_response_bytes=settings.max_response_bytes, quotas=self.quotas,
+                                     resumables=resumables)
         self.health = Health(backend.ping, self.streams)
         self.fanout: Fanout | None = None
         self._sources: list[ChangeSource] = []

@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 from broker import scopes
 from broker.auth import Principal
 from broker.delivery import EndReason, Listen, parse_event_id
+from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, SessionNotFound
 from broker.methods import Call
@@ -173,11 +174,11 @@ class McpEndpoint:
             answer = await self.dispatcher.modern(principal, msg, request.headers.get)
         except rpc.RpcError as exc:
             return self._error(exc, msg.id)
-        if isinstance(answer, Listen):
+        if isinstance(answer, Listen | ResumableListen):
             return self._listen_response(answer)
         return json_response(answer)
 
-    def _listen_response(self, listen: Listen) -> SSEResponse:
+    def _listen_response(self, listen: Listen | ResumableListen) -> SSEResponse:
         """The stream of an opened listen; after its ack only notifications follow."""
         dispatcher = self.dispatcher
         return _ListenResponse(listen.run, lambda: listen.end(EndReason.DISCONNECT),

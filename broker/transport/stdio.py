@@ -33,6 +33,7 @@ from typing import IO, Any, Protocol
 from broker.auth import Principal
 from broker.config import Settings
 from broker.delivery import EndReason, LegacyStream, Listen
+from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher, unavailable
 from broker.errors import BackendUnavailable
 from broker.methods import Call
@@ -76,7 +77,7 @@ class StdioServer:
         self.stream_task: asyncio.Task[EndReason] | None = None
         #: In-flight modern requests (listens included) by JSON-RPC id.
         self.tasks: dict[rpc.Id, asyncio.Task[None]] = {}
-        self.listens: dict[rpc.Id, Listen] = {}
+        self.listens: dict[rpc.Id, Listen | ResumableListen] = {}
 
     async def reply(self, data: bytes) -> None:
         await self.output.put(data)
@@ -208,12 +209,12 @@ class StdioServer:
             answer = rpc.encode_error(msg.id, exc)
         except BackendUnavailable:
             answer = rpc.encode_error(msg.id, unavailable())
-        if isinstance(answer, Listen):
+        if isinstance(answer, Listen | ResumableListen):
             await self.listen(msg.id, answer)
         else:
             await self.reply(answer)
 
-    async def listen(self, request_id: rpc.Id, listen: Listen) -> None:
+    async def listen(self, request_id: rpc.Id, listen: Listen | ResumableListen) -> None:
         self.listens[request_id] = listen
         try:
             await listen.run(self.writer)

@@ -1,0 +1,98 @@
+"""Opening a resumable listen (``broker.delivery.resumable``): a new one, or the resumption of one.
+
+A new resumable listen is a session created for it (bound to the principal, its filter kept in
+the record), subscribed to every URI of the filter *before* the stream starts, so that what is
+published from the moment its subscriptions exist waits in its inbox: the ack follows that
+moment, and nothing after it is missed. A resumption names the session and a position in the
+last event id it received; the same principal with the same filter continues from there (the
+legacy stream's replay, then live). Anything else, or an id of a session that has expired, gets
+a new listen that starts with the gap rule: the client re-reads what it watches and loses
+nothing, and never sees a frame of a session that is not its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from broker.auth import Principal
+from broker.backends.base import SubscriptionIndex
+from broker.backends.types import SessionRecord
+from broker.delivery.legacy import LegacyServices
+from broker.delivery.resumable import FILTER, LAST_EVENT_ID, ResumableListen, parse_listen_id
+from broker.delivery.stream import StreamMetrics
+from broker.errors import SessionNotFound
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.jsonrpc import Id
+from broker.sessions import Sessions
+
+__all__ = ["ResumableListens", "last_event_id"]
+
+#: The protocol version a listen's session records (it is never initialized as a legacy one).
+LISTEN_VERSION = "2026-07-28"
+
+
+def last_event_id(params: dict[str, Any], header: str | None) -> str | None:
+    """The position a listen request resumes from: the ``Last-Event-ID`` header over HTTP, the
+    ``_meta`` key on stdio (where there are no headers).
+
+    Raises:
+        RpcError: -32602 (400) for a ``_meta`` value that is not a string.
+    """
+    if header is not None:
+        return header
+    value = (params.get("_meta") or {}).get(LAST_EVENT_ID)
+    if value is not None and not isinstance(value, str):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"_meta.{LAST_EVENT_ID} must be a string", status=400)
+    return value
+
+
+class ResumableListens:
+    """Opens resumable listens on the legacy sessions' stores and streams."""
+
+    def __init__(self, sessions: Sessions, subscriptions: SubscriptionIndex, services: LegacyServices,
+                 metrics: StreamMetrics, server_meta: dict[str, Any]) -> None:
+        """``metrics``: the listens' (their streams count as 2026-07-28's, not as legacy GET streams)."""
+        self.sessions = sessions
+        self.subscriptions = subscriptions
+        self.services = replace(services, metrics=metrics)
+        self.server_meta = server_meta
+
+    async def open(self, principal: Principal, request_id: Id, uris: list[str], list_changed: bool,
+                   ack: dict[str, Any], resume_from: str | None, *, stdio: bool = False) -> ResumableListen:
+        """The listen's stream, from ``resume_from`` (an event id it was sent) or new.
+
+        Raises:
+            RpcError: -32602 (400) for an id this broker never issues.
+            LimitExceeded, OverQuota: a new listen's session is over the sessions' limits.
+        """
+        watched = sorted(set(uris))
+        wanted: dict[str, Any] = {"uris": watched, "listChanged": list_changed}
+        session: SessionRecord | None = None
+        cursor: int | None = None
+        resync = False
+        if resume_from is not None:
+            parsed = parse_listen_id(resume_from)
+            if parsed is None:
+                raise rpc.RpcError(rpc.INVALID_PARAMS, "Last-Event-ID is not an event id of a resumable listen",
+                                   status=400)
+            session_id, epoch, offset = parsed
+            try:
+                found: SessionRecord | None = await self.sessions.load(session_id, principal)
+            except SessionNotFound:
+                found = None
+            if found is not None and found.client_capabilities.get(FILTER) == wanted:
+                session = found
+                # A position of another data generation: the gap rule, never "replay everything".
+                resync = epoch != found.epoch
+                cursor = 0 if resync else offset
+            else:
+                resync = True  # expired, another principal's, another filter: a new listen, and the gap rule
+        if session is None:
+            session = await self.sessions.create(principal, LISTEN_VERSION, {}, {FILTER: wanted})
+            for uri in watched:
+                await self.subscriptions.add(session.id, session.tenant, uri)
+        listen = ResumableListen(self.services, session, cursor, resync=resync, request_id=request_id, ack=ack,
+                                 list_changed=list_changed, server_meta=self.server_meta, stdio=stdio)
+        listen.bind(principal.credential, principal.expires_at)
+        return listen
