@@ -18,85 +18,8 @@ Two implementations exist: ``memory`` (one process, the embedded default and the
 implementation) and ``redis`` (any number of workers), each split the same way, a module per
 store. Both pass the same contract suite in ``tests/contract``. What crosses the seam is in
 ``broker.backends.types``, with the rules both backends apply alike (the gap decision, the
-change positions, the handler registry). The guarantees every implementation gives:
-
-Sessions
-    A session record is created once, bound to the principal and tenant that created it, and
-    expires after ``session_ttl`` seconds without a ``touch``. Deleting or expiring a session
-    removes its subscriptions from the index and drops its inbox.
-
-Subscriptions
-    ``add`` updates the session's durable subscription set and the URI -> subscribers index
-    in one atomic step; so does ``remove``. Both are idempotent, and both wake the session's
-    watcher with the URI (a ``subscribe`` or ``unsubscribe`` wake, in the order the changes
-    were made), so an open stream keeps an exact copy of the set without reading it again.
-
-Restoring
-    ``SessionStore.restore`` re-creates a session that the store lost (its data generation,
-    ``epoch``, changed) from the copy an open stream holds: the same id, tenant and principal,
-    the current epoch, an empty inbox, and the given subscriptions in the index. It never
-    overwrites a live session.
-
-Inboxes
-    Each session has a bounded inbox of frames with strictly increasing integer offsets.
-    ``append`` appends each session's frames and wakes the stream that watches that session in
-    one atomic step per session, so a watcher that registered before reading the inbox can
-    never miss a frame (the replay -> live handoff, docs/ARCHITECTURE.md). Frames are kept
-    while they are among the newest ``inbox_maxlen`` and younger than ``inbox_retention`` seconds.
-    Appends are idempotent per change: a frame that names the change behind it
-    (``Frame.change``) is skipped when an earlier call already appended to that session a frame
-    of the same partition's change at least as new. One consumer at a time fans out a
-    partition, in log order, and a redone batch repeats the same changes in the same order, so
-    what is skipped is exactly a repeat (or a lapsed holder's late frame, which would otherwise
-    cross newer ones). Frames of one call are weighed against what came before the call, so
-    the frames of one change to several URIs all land.
-    ``read`` returns frames strictly after a cursor, in offset order, and reports a *gap*
-    when the cursor cannot be honoured (``types.inbox_gap``): another epoch, an offset older
-    than what is retained, or an offset beyond the newest frame (data that was lost).
-
-Change log
-    ``publish`` appends a change durably and returns its id, or refuses it before appending
-    anything: ``QuotaExceeded`` when its tenant has ``changelog_tenant_max`` changes not yet
-    fanned out, ``LogFull`` when its partition holds ``changelog_maxlen``; the check, the
-    append and the count are one atomic step. A change leaves the log only once it is
-    acknowledged: nothing unread or pending is ever dropped to make room. ``read`` hands each
-    change to exactly one consumer of the fan-out group; it stays pending until ``ack``.
-    Each partition of the log is read by one consumer at a time, the holder of its lease
-    (renewed by every read, lapsing ``fanout_claim_idle_ms`` after the last), so changes are
-    fanned out in the order they were published; a consumer that takes a partition over first
-    gets what the last holder left pending, and what it was handed and did not acknowledge by
-    its next read comes again first: delivery is at least once. ``release`` gives up a
-    consumer's leases (it is stopping), so another takes over at once.
-
-Listen broadcast
-    ``Broadcast.publish`` delivers changes that fan-out processed to every process's
-    ``subscribe``\\ d handlers (modern listens live on whichever worker holds their stream).
-    There is no replay (a listen stream has none by specification), but no silent loss either:
-    when broadcasts to this process may have been lost (on Redis, its pub/sub connection
-    dropped), the ``on_lost`` callback is called once the channel is subscribed again, so that
-    every broadcast from then on arrives; the caller resynchronises its listens. A backend that
-    cannot lose a broadcast (memory) never calls it. Each change is broadcast with its id, and
-    a process hands a change to its handlers at most once (``types.BroadcastFilter``), so
-    listens get no duplicate and no crossing either.
-
-Records
-    JSON records of the built-in collections. ``write`` and ``delete`` store the record and
-    publish its change in one atomic step, so an acknowledged write is never missing from the
-    change log.
-
-Leases
-    A named lease is held by one owner at a time, for ``ttl_ms`` after its last ``hold``; an
-    owner that stops renewing loses it to the next that asks.
-
-Credentials
-    Runtime API keys (``broker.keys``), each stored as a ``KeyRecord``: the key's SHA-256
-    digest, never the key. ``find`` looks a presented key up by its digest; ``revoke`` marks a
-    key revoked once (its first revocation's time stays) and keeps its record, so a listing
-    still shows it. Every worker sees a create or a revocation on its next lookup.
-
-Errors
-    Every method may raise :class:`broker.errors.BackendUnavailable` when the store cannot be
-    reached; nothing else from the underlying client library escapes.
+change positions, the handler registry). The guarantees every implementation gives, store by
+store, are in ``docs/BACKENDS.md``; the contract suite holds each implementation to them.
 """
 
 from __future__ import annotations
@@ -215,7 +138,7 @@ class Inboxes(Protocol):
         """Append ``(session_id, frame)`` pairs; returns the session ids that no longer exist.
 
         A frame whose ``change`` is not newer than the newest change of its partition that an
-        earlier call appended to the session is skipped (see "Inboxes" above): it takes no
+        earlier call appended to the session is skipped (docs/BACKENDS.md, "Inboxes"): it takes no
         offset and wakes nobody.
         """
 
@@ -333,7 +256,7 @@ class Leases(Protocol):
 
 
 class Credentials(Protocol):
-    """Runtime API keys, by id and by the digest of the key (see "Credentials" above)."""
+    """Runtime API keys, by id and by the digest of the key (docs/BACKENDS.md, "Credentials")."""
 
     async def create(self, record: KeyRecord) -> bool:
         """Store a new key; False, storing nothing, when a key with its id or digest exists."""
