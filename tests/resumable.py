@@ -17,6 +17,9 @@ EXTENSION = "dev.mcp-broker/resumable-listen"
 UPDATED = "notifications/resources/updated"
 LIST_CHANGED = "notifications/resources/list_changed"
 ACK = "notifications/subscriptions/acknowledged"
+#: On stdio: where an event carries its id, and where a resuming listen names the last one it received.
+EVENT_ID = "dev.mcp-broker/eventId"
+LAST_EVENT_ID = "dev.mcp-broker/lastEventId"
 TIMEOUT = 10.0
 
 
