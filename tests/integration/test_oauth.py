@@ -8,7 +8,9 @@ from a 401 and get its own token with client credentials.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from tests.integration import modern
-from tests.integration.mcp_http import McpSession
+from tests.integration.mcp_http import McpSession, StreamEnded
 from tests.oauth_issuer import INTROSPECTOR, Authority, IssuerServer
 from tests.sdk_inbox import Inbox
 from tests.support import BrokerProcess, free_port, wait_until
@@ -293,3 +295,33 @@ async def test_the_token_scopes_are_the_principal_scopes(broker: BrokerProcess, 
     assert answer.headers["www-authenticate"] == \
         'Bearer error="insufficient_scope", scope="records:write", ' + pointer(broker)
     assert (await http.get("/collections", headers={"Authorization": f"Bearer {read_only}"})).status_code == 200
+
+
+async def test_streams_end_when_their_token_expires(authority: Authority, http: httpx.AsyncClient) -> None:
+    """A legacy GET stream ends with ``retry:`` (the client comes back with a fresh token), a listen
+    with its ``complete`` result, both within a few seconds of the token's ``exp``."""
+    name = tenant()
+    expires = int(time.time()) + 3
+    token = authority.mint(name, exp=expires)
+    uri = f"mcpb://{name}/things/x"
+    session = await McpSession(http, auth=token).initialize()
+    await session.subscribe(uri)
+    async with session.stream() as stream, modern.listen(http, [uri], auth=token) as listen:
+        assert (await listen.next())["method"] == "notifications/subscriptions/acknowledged"  # type: ignore[index]
+        final = None
+        async with asyncio.timeout(expires - time.time() + 5):
+            while True:
+                try:
+                    final = await stream.next_event(timeout=30)
+                except StreamEnded:
+                    break
+            legacy_ended = time.time()
+            last = None
+            while (message := await listen.next(timeout=30)) is not None:
+                last = message
+            listen_ended = time.time()
+    # The last event is a bare ``retry:`` (the priming event, which also names a retry, has an id).
+    assert final is not None and final.retry is not None and final.id is None and not final.data, final
+    assert last is not None and last["result"]["resultType"] == "complete", last
+    for ended in (legacy_ended, listen_ended):
+        assert expires - 1 <= ended <= expires + 5, (ended, expires)
