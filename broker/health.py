@@ -34,4 +34,6 @@ class Health:
             await self.ping()
         except BackendUnavailable:
             return False, {"status": "unavailable"}
-        return True, {"status": "ok", "streams": len(self.streams.legacy), "listens": len(self.streams.listens)}
+        streams = self.streams
+        return True, {"status": "ok", "streams": len(streams.legacy) - streams.resumable,
+                      "listens": len(streams.listens) + streams.resumable}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -229,6 +228,11 @@ class ModernHttp(Channel):
         self.http = http
         self.capabilities = capabilities
         self.extensions = wire.extensions(capabilities)
+        #: The server offers the resumable-listen extension: a dropped listen resumes from its last event id.
+        self.resumable = wire.RESUMABLE_LISTEN in self.extensions
+        self.last_event_id: str | None = None
+        #: The last ack said the server continued the listen it knew (else: a new one, the gap rule).
+        self.ack_resumed = False
         self.listen_id = ""
         self._acked: asyncio.Future[None] | None = None
 
@@ -237,13 +241,15 @@ class ModernHttp(Channel):
             raise NotSupported("the server does not offer resources.subscribe: no update would ever arrive")
         await self._listen()
 
-    async def _listen(self) -> None:
-        """Open a listen and wait for its acknowledgment (raises ``NotSupported`` if it leaves a URI out)."""
+    async def _listen(self, last_event_id: str | None = None) -> None:
+        """Open a listen (resuming after ``last_event_id``) and wait for its acknowledgment (raises
+        ``NotSupported`` if it leaves a URI out)."""
         self.listen_id = f"watch-{next(_listen_ids)}"
-        body = wire.listen(self.uris, self.listen_id)
-        request = self.http.client.build_request(
-            "POST", self.http.url, content=wire.encode(body),
-            headers={"Accept": ACCEPT, "Content-Type": "application/json", **modern_headers("subscriptions/listen")})
+        body = wire.listen(self.uris, self.listen_id, resumable=self.resumable)
+        headers = {"Accept": ACCEPT, "Content-Type": "application/json", **modern_headers("subscriptions/listen")}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        request = self.http.client.build_request("POST", self.http.url, content=wire.encode(body), headers=headers)
         try:
             response = await self.http.client.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -260,11 +266,17 @@ class ModernHttp(Channel):
 
     async def _read(self, response: httpx.Response, listen_id: str, acked: asyncio.Future[None]) -> None:
         try:
-            async for message in _messages(response):
-                if wire.subscription_of(message) != listen_id and message.get("id") != listen_id:
+            async for event in sse.events(response.aiter_lines()):
+                if event.id:
+                    self.last_event_id = event.id  # an id-only event moves the position on too
+                message = wire.decode(event.data) if event.data else None
+                if message is None or (wire.subscription_of(message) != listen_id
+                                       and message.get("id") != listen_id):
                     continue
                 self.progress += 1
                 if message.get("method") == wire.ACKNOWLEDGED:
+                    meta = (message.get("params") or {}).get("_meta") or {}
+                    self.ack_resumed = meta.get(wire.RESUMED) is True
                     if not acked.done():
                         _settle_ack(acked, self.watched, message)
                 elif (uri := wire.updated_uri(message)) is not None:
@@ -282,13 +294,18 @@ class ModernHttp(Channel):
         raise Dropped("the server ended the listen")
 
     async def recover(self) -> str:
-        """A new listen and a re-read of everything: 2026-07-28 has no replay.
-
-        This is where the resumable-listen extension (``wire.RESUMABLE_LISTEN``, in
-        ``self.extensions`` when a server offers it) would resume instead: the same filter,
-        ``Last-Event-ID`` of the last event seen, answered ``RESUMED``. No server offers it yet.
-        """
+        """Resume the listen from its last event id when the server offers the resumable-listen
+        extension (it replays what was missed, or sends an update of every URI when it cannot);
+        else a new listen and a re-read of everything: 2026-07-28 itself has no replay."""
         await self.stop_reader()
+        if self.resumable and self.last_event_id is not None:
+            try:
+                await self._listen(self.last_event_id)
+            except RpcError:
+                pass  # an id the server refuses (400): a fresh listen, and a re-read
+            else:
+                # The server says whether it knew the listen; if not, it sent an update of every URI.
+                return RESUMED if self.ack_resumed else RESYNCED
         await self._listen()
         return RESYNCED
 
@@ -309,9 +326,3 @@ def _settle_ack(acked: asyncio.Future[None], watched: frozenset[str], ack: dict[
         acked.set_exception(NotSupported(f"the listen was acknowledged without {missing}"))
     else:
         acked.set_result(None)
-
-
-async def _messages(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    async for event in sse.events(response.aiter_lines()):
-        if event.data and (message := wire.decode(event.data)) is not None:
-            yield message

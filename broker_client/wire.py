@@ -16,6 +16,8 @@ ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 #: The extension a server may offer to resume a listen from an event id (not offered by any server yet).
 RESUMABLE_LISTEN = "dev.mcp-broker/resumable-listen"
+#: In a resumable listen's ack: whether the server continued the listen the client named.
+RESUMED = "dev.mcp-broker/resumed"
 CLIENT_INFO = {"name": "broker-client", "version": "0.1.0"}
 
 _ids = itertools.count(1)
@@ -48,8 +50,12 @@ def initialize() -> dict[str, Any]:
                    modern=False)
 
 
-def listen(uris: list[str], id_: str) -> dict[str, Any]:
-    return request("subscriptions/listen", {"notifications": {"resourceSubscriptions": uris}}, modern=True, id_=id_)
+def listen(uris: list[str], id_: str, *, resumable: bool = False) -> dict[str, Any]:
+    """A listen for ``uris``; ``resumable`` asks for the resumable-listen extension (event ids, ``Last-Event-ID``)."""
+    body = request("subscriptions/listen", {"notifications": {"resourceSubscriptions": uris}}, modern=True, id_=id_)
+    if resumable:
+        body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = {"extensions": {RESUMABLE_LISTEN: {}}}
+    return body
 
 
 def header_value(value: str) -> str:

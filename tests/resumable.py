@@ -53,6 +53,8 @@ class Events:
         self.response = response
         self._lines = response.aiter_lines()
         self.last_id: str | None = None
+        #: The ack's ``_meta`` (``open_listen`` sets it).
+        self.ack_meta: dict[str, Any] = {}
 
     async def next(self, timeout: float = TIMEOUT) -> Event | None:
         """The next event with data or an id (comments skipped); None when the server closed the stream."""
@@ -107,4 +109,5 @@ async def open_listen(http: httpx.AsyncClient, uris: list[str], *, last_id: str 
         events = Events(response)
         ack = await events.notification()
         assert ack.method == ACK, ack
+        events.ack_meta = (ack.message or {})["params"]["_meta"]
         yield events

@@ -33,8 +33,8 @@ from broker.notifications import LIST_CHANGED, UPDATED_METHOD, encode_list_chang
 from broker.protocol import messages
 from broker.protocol.jsonrpc import Id
 
-__all__ = ["EVENT_ID", "FILTER", "LAST_EVENT_ID", "RESUMABLE", "ListenWriter", "ResumableListen", "format_listen_id",
-           "parse_listen_id", "wants_resumable"]
+__all__ = ["EVENT_ID", "FILTER", "LAST_EVENT_ID", "RESUMABLE", "RESUMED", "ListenWriter", "ResumableListen",
+           "format_listen_id", "parse_listen_id", "wants_resumable"]
 
 #: The extension's identifier (``server/discover`` ``capabilities.extensions``, and the client's).
 RESUMABLE: Final = "dev.mcp-broker/resumable-listen"
@@ -42,6 +42,9 @@ RESUMABLE: Final = "dev.mcp-broker/resumable-listen"
 EVENT_ID: Final = "dev.mcp-broker/eventId"
 #: Where a resuming listen request carries the last event id it received on stdio (``params._meta``).
 LAST_EVENT_ID: Final = "dev.mcp-broker/lastEventId"
+#: In the ack's ``_meta``: True when the listen continues one the broker knew, False when it is new
+#: (or starts with the gap rule because the id could not be honoured).
+RESUMED: Final = "dev.mcp-broker/resumed"
 #: Where the session record of a resumable listen keeps its filter (``client_capabilities``).
 FILTER: Final = "dev.mcp-broker/listen"
 #: The longest session id a listen event id may name (the ids the broker makes are 32 characters).
@@ -81,11 +84,12 @@ class ListenWriter:
     The stream's own ``retry:`` is held back: ``ResumableListen`` decides how the listen ends.
     """
 
-    __slots__ = ("_ack", "_inner", "_list_changed", "_session_id", "_stamp", "_stdio", "acked")
+    __slots__ = ("_ack", "_inner", "_list_changed", "_resumed", "_session_id", "_stamp", "_stdio", "acked")
 
     def __init__(self, inner: Writer, session_id: str, request_id: Id, ack: dict[str, Any], list_changed: bool, *,
-                 stdio: bool) -> None:
+                 resumed: bool, stdio: bool) -> None:
         self._inner = inner
+        self._resumed = resumed
         self._session_id = session_id
         self._stamp: dict[str, Any] = {"io.modelcontextprotocol/subscriptionId": request_id}
         self._ack = ack
@@ -112,7 +116,7 @@ class ListenWriter:
 
     async def send_ack(self, event_id: str | None) -> None:
         self.acked = True
-        stamp = self._stamped(event_id)
+        stamp = {**self._stamped(event_id), RESUMED: self._resumed}
         await self._inner.send(messages.encode_notification(
             "notifications/subscriptions/acknowledged", {"_meta": stamp, "notifications": self._ack}), event_id)
 
@@ -156,12 +160,14 @@ class ResumableListen(LegacyStream):
     in every case the client may resume with the last id it received.
     """
 
-    __slots__ = ("ack", "list_changed", "request_id", "server_meta", "stdio")
+    __slots__ = ("ack", "list_changed", "request_id", "resumed", "server_meta", "stdio")
 
     def __init__(self, services: LegacyServices, session: SessionRecord, cursor: int | None, *, resync: bool,
                  request_id: Id, ack: dict[str, Any], list_changed: bool, server_meta: dict[str, Any],
                  stdio: bool) -> None:
         super().__init__(services, session, cursor, resync=resync, priming=True)
+        #: It continues a listen the broker knew, from the client's position (its ack says so).
+        self.resumed = cursor is not None and not resync
         self.request_id = request_id
         self.ack = ack
         self.list_changed = list_changed
@@ -170,8 +176,13 @@ class ResumableListen(LegacyStream):
 
     async def run(self, writer: Writer) -> EndReason:
         listen_writer = ListenWriter(writer, self.session.id, self.request_id, self.ack, self.list_changed,
-                                     stdio=self.stdio)
-        reason = await super().run(listen_writer)
+                                     resumed=self.resumed, stdio=self.stdio)
+        streams = self.services.streams
+        streams.resumable += 1
+        try:
+            reason = await super().run(listen_writer)
+        finally:
+            streams.resumable -= 1
         if not listen_writer.acked and reason is not EndReason.DISCONNECT:
             await listen_writer.send_ack(None)  # ended before its start: the client still learns what it asked
         if reason.completes:

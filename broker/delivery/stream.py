@@ -202,14 +202,17 @@ class Streams:
 
     ``legacy`` maps each open GET stream to its session id (the Hub keeps those sessions'
     idle clocks running); ``listens`` holds the open listens (``ListenIndex`` adds and removes
-    them). ``closing`` is set once the worker stops: a stream asked for from then on ends at once.
+    them). A resumable listen is a session's stream, so it is in ``legacy``; ``resumable``
+    counts those, so that health reports it as the listen it is. ``closing`` is set once the
+    worker stops: a stream asked for from then on ends at once.
     """
 
-    __slots__ = ("closing", "legacy", "listens")
+    __slots__ = ("closing", "legacy", "listens", "resumable")
 
     def __init__(self) -> None:
         self.legacy: dict[Stream, str] = {}
         self.listens: dict[Stream, None] = {}
+        self.resumable = 0
         self.closing = False
 
     def all(self) -> list[Stream]:

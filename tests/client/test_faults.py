@@ -62,7 +62,7 @@ async def test_kill_9_of_the_worker_holding_the_stream(deployment: Deployment, e
         await target.write("k9", 3)  # and it is live again, on the other worker
         await seen.content(uri, target.text(3))
     assert seen.error is None
-    assert ("resumed" if era == "legacy" else "resynced") in seen.kinds()
+    assert "resumed" in seen.kinds()  # a listen too: mcp-broker offers the resumable-listen extension
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -99,7 +99,7 @@ async def test_redis_restarted_empty_with_its_holder_dead_means_a_new_session(de
         await target.write("gone", 7)
         await seen.content(uri, target.text(7))
     assert seen.error is None
-    assert ("reinitialized" if era == "legacy" else "resynced") in seen.kinds(), seen.kinds()
+    assert ("reinitialized" if era == "legacy" else "resynced") in seen.kinds(), seen.kinds()  # the id is not known
 
 
 @pytest.mark.parametrize("era", ERAS)

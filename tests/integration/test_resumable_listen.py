@@ -67,6 +67,7 @@ async def test_a_dropped_listen_resumes_with_every_missed_uri_then_goes_live(htt
     await publish(http, watched[1], watched[2], auth=A)
     await publish(http, watched[1], auth=A)
     async with open_listen(http, watched, last_id=last, auth=A, id_="listen-2") as events:
+        assert events.ack_meta["dev.mcp-broker/resumed"] is True
         missed = await events.updates(2)  # coalesced per URI: watched[1] once
         assert sorted(missed) == [watched[1], watched[2]]
         await publish(http, watched[3], auth=A)
@@ -98,6 +99,8 @@ async def _gap_rule(http: httpx.AsyncClient, watched: list[str], last_id: str, a
 
 async def test_an_id_of_an_unknown_session_gets_the_gap_rule(http: httpx.AsyncClient) -> None:
     watched = [uri(30), uri(31)]
+    async with open_listen(http, watched, auth=A) as events:
+        assert events.ack_meta["dev.mcp-broker/resumed"] is False  # a new listen
     got = await _gap_rule(http, watched, "nosuchsession:e1-5", A, list_changed=True)
     assert sorted(e.uri for e in got if e.method == UPDATED) == watched
     assert [e.method for e in got].count(LIST_CHANGED) == 1
