@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint interop bench bench-smoke compose-test clean
+.PHONY: run test lint interop bench bench-smoke bench-instructions compose-test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ bench: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(BIN)/python -m bench.run --smoke
+
+# Instructions per delivered frame (callgrind), memory and Redis: deterministic, one run each.
+bench-instructions: $(STAMP)
+	$(BIN)/python -m bench.instructions
 
 # The compose stack for real (Docker, root): see deploy/compose/README.md.
 compose-test: $(STAMP)

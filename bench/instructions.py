@@ -1,7 +1,12 @@
 """Instructions per delivered frame, counted by ``valgrind --tool=callgrind``: a figure no noisy machine blurs.
 
-    python -m bench.instructions                 # memory backend, 100 sessions, 300 changes
-    python -m bench.instructions --changes 500   # more changes, same per-frame figure
+    python -m bench.instructions                   # memory and Redis backends, 100 sessions, 300 changes
+    python -m bench.instructions --backend memory  # one of them; --changes 500: same per-frame figure
+    make bench-instructions                        # both
+
+For Redis, a ``redis-server`` is started outside valgrind (its own CPU is not counted), so the
+figure is the worker's side of a frame: the publish script call, the fenced read, the inbox
+appends, the wake-up decoding and the SSE event.
 
 The workload runs in one process over ASGI, with no sockets: 100 legacy sessions, 10 on each
 of 10 URIs, each with an open GET stream; then ``--changes`` changes through ``POST /changes``,
@@ -18,9 +23,11 @@ import argparse
 import asyncio
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 SESSIONS, FANOUT = 100, 10
@@ -54,14 +61,16 @@ async def _call(app: Any, method: str, path: str, body: bytes, headers: list[tup
 
 
 async def workload(changes: int) -> int:
-    """Run the workload in this process; the frames delivered."""
+    """Run the workload in this process (on Redis when ``BENCH_REDIS_URL`` is set); the frames delivered."""
     import orjson
 
     from broker.app import create_app
     from broker.config import Settings
     from broker.runtime import Broker
 
-    broker = Broker(Settings(_env_file=None, keepalive_interval=3600, outage_check_interval=3600))  # type: ignore[call-arg]
+    redis = {"redis_url": os.environ["BENCH_REDIS_URL"]} if os.environ.get("BENCH_REDIS_URL") else {}
+    broker = Broker(Settings(_env_file=None, keepalive_interval=3600, outage_check_interval=3600,  # type: ignore[call-arg]
+                             **redis))
     app = create_app(broker=broker)
     await broker.start()
     version = [(b"mcp-protocol-version", b"2025-11-25")]
@@ -107,30 +116,65 @@ async def workload(changes: int) -> int:
     return frames
 
 
-def _count(changes: int) -> int:
+def _count(changes: int, backend: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, "-m",
-             "bench.instructions", "--run", str(changes)],
-            env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True)
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        env.pop("BENCH_REDIS_URL", None)
+        env.pop("MCP_BROKER_REDIS_URL", None)
+        redis = None
+        if backend == "redis":
+            port = _free_port()
+            redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+            env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+            _wait_redis(port)
+        try:
+            out = subprocess.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, "-m",
+                 "bench.instructions", "--run", str(changes)],
+                env=env, capture_output=True, text=True, check=True)
+        finally:
+            if redis is not None:
+                redis.terminate()
+                redis.wait(10)
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
         raise SystemExit(f"no callgrind total in:\n{out.stderr[-2000:]}")
     return int(found.group(1))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_redis(port: int) -> None:
+    for _ in range(200):
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=300)
+    parser.add_argument("--backend", choices=["memory", "redis", "both"], default="both")
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)  # the workload itself, under valgrind
     args = parser.parse_args()
     if args.run is not None:
         print("frames", asyncio.run(workload(args.run)), file=sys.stderr)
         return 0
-    base, loaded = _count(0), _count(args.changes)
     frames = args.changes * FANOUT
-    print(f"memory backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
-          f"({args.changes} changes, {frames} frames; totals {base:,} and {loaded:,})")
+    for backend in ("memory", "redis") if args.backend == "both" else (args.backend,):
+        base, loaded = _count(0, backend), _count(args.changes, backend)
+        print(f"{backend} backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
+              f"({args.changes} changes, {frames} frames; totals {base:,} and {loaded:,})", flush=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import re
 import sys
@@ -152,7 +153,10 @@ class Settings(IdentitySettings):
     #: a publish beyond it is refused with 503 before it is acknowledged (nothing unread is
     #: ever trimmed). Processed changes are trimmed as fan-out acknowledges them.
     changelog_maxlen: int = Field(default=100_000, ge=1)
-    changelog_partitions: int = Field(default=1, ge=1)
+    #: Partitions of the change log on Redis (changes go to the partition of their URI, or of a
+    #: record's collection). None: the deployment's count, or 16 for a new one. Set and not the
+    #: count in Redis, a worker stops at start; change it with ``mcp-broker partitions set N``.
+    changelog_partitions: int | None = Field(default=None, ge=1, le=1024)
     fanout_batch: int = Field(default=256, ge=1)
     fanout_claim_idle_ms: int = Field(default=5000, ge=30)
     #: Seconds a stopping fan-out consumer (SIGTERM) may spend finishing the batch in hand
@@ -193,6 +197,35 @@ class Settings(IdentitySettings):
     #: worker running it renews it every third of this; one that stops renewing (it died, or
     #: lost the backend) stops the source, and another worker takes it over after this long.
     source_lease_ms: int = Field(default=5000, ge=100, le=600_000)
+
+    # -- events extension, experimental (docs/EVENTS.md) ----------------------------------------
+    #: Events one ``events/poll`` returns when it names no ``maxEvents``, and the most it may name.
+    events_poll_default: int = Field(default=100, ge=1)
+    events_poll_max: int = Field(default=1000, ge=1)
+    #: The ``nextPollMs`` a poll answers with (when nothing more is waiting).
+    events_next_poll_ms: int = Field(default=5000, ge=0)
+    #: Callback hosts (``name``) and address ranges (``10.0.0.0/8``, ``::1``) webhooks may reach
+    #: although private, loopback or link-local, over plain http too, without the verification
+    #: handshake; every other callback must be https to public addresses and answer the handshake.
+    webhook_allow: list[str] = Field(default_factory=list)
+    #: Webhook subscription leases: the longest granted, the shortest, and the default (no ``ttlMs``).
+    webhook_max_ttl_ms: int = Field(default=86_400_000, ge=1000)
+    webhook_min_ttl_ms: int = Field(default=1000, ge=100)
+    webhook_default_ttl_ms: int = Field(default=3_600_000, ge=100)
+    #: Webhook subscriptions of the whole deployment (more: -32013 ResourceExhausted).
+    webhook_max_subscriptions: int = Field(default=10_000, ge=1)
+    #: The lease of one subscription's deliveries, held by one worker at a time (renewed every third).
+    webhook_lease_ms: int = Field(default=5000, ge=300, le=600_000)
+    #: Seconds to connect to a callback, and to wait for its answer; bytes of an answer read (the rest is not).
+    webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
+    webhook_read_timeout: float = Field(default=10.0, gt=0, le=300)
+    webhook_max_response_bytes: int = Field(default=65_536, ge=0)
+    #: Attempts at one event before it goes to the dead letters; the first and the longest pause between them.
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    webhook_retry_initial: float = Field(default=0.5, gt=0)
+    webhook_retry_max: float = Field(default=60.0, gt=0)
+    #: Dead letters kept for the whole deployment (the newest).
+    webhook_dead_letters: int = Field(default=1000, ge=1, le=1_000_000)
 
     # -- operations (docs/OPERATIONS.md) --------------------------------------------------------
     #: Serve Prometheus metrics on ``/metrics`` (every worker of ``serve --workers N`` in one scrape).
@@ -247,6 +280,18 @@ class Settings(IdentitySettings):
                              "or leave it empty for the in-memory backend")
         return value
 
+    @field_validator("webhook_allow")
+    @classmethod
+    def _webhook_allow(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                if not _HOST_NAME.match(entry):
+                    raise ValueError(f"{entry!r} is neither a host name nor an address range; write e.g. "
+                                     "'[\"hooks.internal\", \"10.0.0.0/8\", \"127.0.0.1\"]'") from None
+        return value
+
     @field_validator("default_tenant")
     @classmethod
     def _valid_default_tenant(cls, value: str) -> str:
@@ -275,6 +320,10 @@ class Settings(IdentitySettings):
                     raise ValueError(f"MCP_BROKER_FILE_ROOTS: the roots of tenants {tenant!r} ({value[tenant]}) and "
                                      f"{other!r} ({value[other]}) overlap; give each tenant a directory of its own")
         return value
+
+#: A host name as a webhook allow-list entry: letters, digits, ``-`` and dots.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 #: ``package.module:name`` (the module dotted, the name an identifier or dotted attributes of one).
 _FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

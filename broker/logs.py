@@ -120,6 +120,6 @@ def startup_line(settings: Settings) -> str:
     hosts = "loopback names" if settings.allowed_hosts is None and settings.host in ("127.0.0.1", "localhost", "::1") \
         else ("any" if settings.allowed_hosts is None else ",".join(settings.allowed_hosts))
     return (f"mcp-broker {__version__} pid {os.getpid()}: backend {backend}, change-log partitions "
-            f"{settings.changelog_partitions}, auth {auth}, allowed hosts {hosts}, allowed origins "
+            f"{settings.changelog_partitions or 'as stored'}, auth {auth}, allowed hosts {hosts}, allowed origins "
             f"{','.join(settings.allowed_origins)}, fan-out {'embedded' if settings.embedded_fanout else 'separate'}, "
             f"metrics {'on' if settings.metrics else 'off'}, demo {'on' if settings.demo else 'off'}")

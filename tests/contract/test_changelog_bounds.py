@@ -21,7 +21,8 @@ LOG_MAX = 60
 @pytest.fixture(params=BACKENDS)
 async def bounded(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     settings = Settings(_env_file=None, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
-                        changelog_tenant_max=TENANT_MAX, changelog_maxlen=LOG_MAX)
+                        changelog_tenant_max=TENANT_MAX, changelog_maxlen=LOG_MAX,
+                        changelog_partitions=1)  # the bounds are per partition: one log here
     impl = await make_backend(request.param, settings, request)
     await impl.start()
     yield impl

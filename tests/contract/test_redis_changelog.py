@@ -15,7 +15,7 @@ from tests.contract.conftest import fakeredis_factory
 
 def bounded(**overrides: object) -> RedisBackend:
     settings = Settings(_env_file=None, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
-                        **{"changelog_tenant_max": 20, "changelog_maxlen": 60, **overrides})
+                        **{"changelog_tenant_max": 20, "changelog_maxlen": 60, "changelog_partitions": 1, **overrides})
     return RedisBackend(settings, client_factory=fakeredis_factory())
 
 

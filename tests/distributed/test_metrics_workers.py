@@ -41,8 +41,8 @@ async def test_three_workers_on_one_redis_count_the_deployments_traffic_between_
         # Every worker counts the deployment's sessions (the store's count), each for itself.
         await wait_for(lambda: all(value(scrape(url), "mcp_broker_sessions_open") >= streams for url in urls),
                        "every worker's periodic session count")
-        # One partition: one worker holds its lease, the others stand by.
-        await wait_for(lambda: sum(value(scrape(url), "mcp_broker_fanout_leases_held") for url in urls) == 1,
+        # Sixteen partitions (the default), shared out: each is held by exactly one worker.
+        await wait_for(lambda: sum(value(scrape(url), "mcp_broker_fanout_leases_held") for url in urls) == 16,
                        "the lease reports")
 
     def grew(name: str, **labels: str) -> float:

@@ -1,26 +1,30 @@
 """The change log on Redis (``base.ChangeLog``): partitioned streams, one consumer group, a lease per partition.
 
-A tenant maps to partition ``crc32(tenant) % partitions``; the partition count is stored in Redis at first start
-(``P:partitions``) and the stored value wins over the setting, because a tenant's records live under its partition's
-hash tag and must not move. Change ids are ``<partition>:<stream id>``.
+A change goes to the partition of its ordering key (``partitioning``: the tenant and collection
+of a record URI, the tenant and URI of any other), so one tenant's changes spread over every
+partition while each URI's keep their order. The layout (which partition numbers, how many) is
+kept in Redis and can be changed on a running deployment by a drain and switch
+(``partitioning``). Change ids are ``<partition>:<stream id>``.
 
-Bounds: nothing fan-out has not processed is ever trimmed. An append (``changelog_append.lua``, and the record
-scripts) checks, in the same step, that the partition holds fewer than ``changelog_maxlen`` entries and the tenant
-fewer than ``changelog_tenant_max`` changes not yet fanned out (a per-tenant count in ``P:{c:<n>}:backlog``, the
-partition's hash slot), and refuses the whole call otherwise (``LogFull``, ``QuotaExceeded``) before anything is
-acknowledged. The acknowledgement (``changelog_ack.lua``) counts each change out of its tenant's backlog and trims
-the partition below its oldest pending entry (or the last delivered one): the one reader of the partition trims, so
-trimming never races a read.
+Bounds: nothing fan-out has not processed is ever trimmed. An append (``changelog_append.lua``,
+and the record scripts) checks, in the same step, that the partition holds fewer than
+``changelog_maxlen`` entries and the tenant fewer than ``changelog_tenant_max`` changes of that
+partition not yet fanned out (a per-tenant count in ``P:{c:<n>}:backlog``, the partition's hash
+slot, so each script stays in one Cluster slot), and refuses the whole call otherwise
+(``LogFull``, ``QuotaExceeded``) before anything is acknowledged. On a single server one call
+spans every partition of a list, so a list is appended whole or not at all; on Cluster each
+partition's part is one call. The acknowledgement (``changelog_ack.lua``) counts each change out
+of its tenant's backlog and trims the partition below its oldest pending entry (or the last
+delivered one): the one reader of the partition trims, so trimming never races a read.
 
-Each partition is read by one fan-out consumer at a time, the holder of its lease (``P:{c:<n>}:lease``). Consumers
-that read one partition side by side would append a URI's changes to an inbox out of order (a later frame, then an
-earlier one; a slow reader keeping the newest frame of a URI would keep the wrong one), and the same on the listen
-broadcast. So ordering holds per partition. A holder that stops renewing (it died, or hung on one batch for longer
-than its heartbeat lasts) loses the partition to the next consumer that asks, which first takes over what it left
-pending (at least once). Reads are fenced by the lease (``fanout_read.lua`` checks the holder and reads in one
-step), so a read that reaches Redis after its lease lapsed takes nothing: the changes stay for the holder, never
-pending to a consumer nobody sweeps. Each live consumer holds its share of the partitions (the leases and the shares
-are ``leases.PartitionLeases``), so fan-out spreads over workers when there are several.
+Each partition is read by one fan-out consumer at a time, the holder of its lease
+(``P:{c:<n>}:lease``). Consumers that read one partition side by side would append a URI's
+changes to an inbox out of order (a later frame, then an earlier one), and the same on the
+listen broadcast. So ordering holds per partition. A holder that stops renewing (it died, or
+hung on one batch for longer than its heartbeat lasts) loses the partition to the next consumer
+that asks, which first takes over what it left pending (at least once). Reads are fenced by the
+lease (``changelog_read``). Each live consumer holds its share of the partitions (the leases and
+the shares are ``leases.PartitionLeases``), so fan-out spreads over the workers.
 
 Records are written with their change by ``records.py``, through this log's partitions and bounds.
 """
@@ -29,35 +33,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from broker.backends.redis.batch import Batch
-from broker.backends.redis.codec import as_text, decode_change, encode_change
+from broker.backends.redis.changelog_read import FencedReads
+from broker.backends.redis.codec import as_text, encode_change
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.lag import LagReport
-from broker.backends.redis.leases import ConsumerShare, PartitionLeases
+from broker.backends.redis.leases import PartitionLeases
+from broker.backends.redis.partitioning import Partitioning
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change
 from broker.config import Settings
-from broker.errors import LogFull, PublishRefused, QuotaExceeded
+from broker.errors import BackendUnavailable, LogFull, PublishRefused, QuotaExceeded
 from broker.metrics import NO_METRICS, Metrics
 
 __all__ = ["RedisChangeLog"]
 
 logger = logging.getLogger(__name__)
 
+#: Seconds between two looks of a fan-out consumer at the layouts (a switch, or the end of its drain).
+LOOK_INTERVAL = 1.0
+#: While a switch drains: how often consumers check whether the old layout is empty.
+DRAIN_LOOK_INTERVAL = 0.1
+#: Tries of an append that meets a sealed partition (a switch is being made): the layout is read again each time.
+SEALED_TRIES = 50
 
-def _stream_id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
-
-class RedisChangeLog(LagReport):
+class RedisChangeLog(FencedReads, LagReport):
     """Published changes, read by fan-out under partition leases; each method translates connection errors."""
 
     def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, cluster: bool,
@@ -68,10 +73,12 @@ class RedisChangeLog(LagReport):
         self.keys = keys
         self.scripts = scripts
         self.cluster = cluster
-        self.leases = PartitionLeases(client, keys, scripts, partitions=max(settings.changelog_partitions, 1),
+        self.partitioning = Partitioning(client, keys, scripts, settings.changelog_partitions)
+        self.leases = PartitionLeases(client, keys, scripts, partitions=self.partitioning.reading.numbers,
                                       lease_ms=max(settings.fanout_claim_idle_ms, 30))
         self._rotate = 0
         self._unreadable: list[str] = []
+        self._next_look = 0.0
         # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
         self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
         #: Per partition, the changes not yet fanned out when this process last acknowledged
@@ -82,60 +89,58 @@ class RedisChangeLog(LagReport):
 
     @property
     def partitions(self) -> int:
-        """How many partitions the log has: the count stored in Redis at first start wins over the setting."""
-        return self.leases.partitions
+        """How many partitions appends go to (the deployment's count, stored in Redis)."""
+        return self.partitioning.write.count
 
     async def start(self) -> None:
-        """Agree on the partition count and create the fan-out group; the caller translates connection errors."""
-        stored = await self.scripts.get_or_set(keys=[self.keys.partitions], args=[self.partitions])
-        if int(stored) != self.partitions:
-            logger.warning("change log has %s partitions in redis; changelog_partitions=%d is ignored",
-                           as_text(stored), self.partitions)
-            self.leases.partitions = int(stored)
-        await self._create_groups()
+        """Agree on the layouts and create the fan-out groups; the caller translates connection errors.
 
-    async def _create_groups(self) -> None:
-        for partition in range(self.partitions):
-            try:
-                await self.client.xgroup_create(self.keys.log(partition), FANOUT_GROUP, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        Raises:
+            PartitionMismatch: ``changelog_partitions`` is set and is not the deployment's count.
+        """
+        await self.partitioning.start()
+        self.leases.partitions = self.partitioning.reading.numbers
 
-    def partition(self, tenant: str) -> int:
-        return zlib.crc32(tenant.encode()) % self.partitions
+    def partition(self, tenant: str, uri: str) -> int:
+        """The partition a change of ``uri`` goes to now."""
+        return self.partitioning.write.route(tenant, uri)
 
-    def _append_args(self, changes: Sequence[Change]) -> list[Any]:
+    def _append_call(self, groups: dict[int, list[Change]]) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
         args: list[Any] = [self.settings.changelog_maxlen, self.settings.changelog_tenant_max]
-        for change in changes:
-            args += [change.tenant, encode_change(change)]
-        return args
+        for place, (partition, changes) in enumerate(groups.items(), start=1):
+            keys += [self.keys.log(partition), self.keys.backlog(partition), self.keys.sealed(partition)]
+            for change in changes:
+                args += [place, change.tenant, encode_change(change)]
+        return keys, args
 
-    def _appended(self, partition: int, reply: Sequence[Any]) -> list[str]:
-        """The change ids of a ``changelog_append.lua`` reply; raises what refused them."""
+    def _refusal(self, partitions: Sequence[int], reply: Sequence[Any]) -> PublishRefused | None:
+        """What refused a ``changelog_append.lua`` call, or None for -3 (sealed) and for an accepted one."""
         status = int(reply[0])
         if status == -2:
-            raise LogFull(partition, self.settings.changelog_maxlen)
+            return LogFull(partitions[int(reply[1]) - 1], self.settings.changelog_maxlen)
         if status == -1:
-            raise QuotaExceeded(as_text(reply[1]), self.settings.changelog_tenant_max, int(reply[2]), int(reply[3]))
-        return [f"{partition}:{as_text(entry_id)}" for entry_id in reply[1:]]
+            return QuotaExceeded(as_text(reply[2]), self.settings.changelog_tenant_max, int(reply[3]), int(reply[4]))
+        return None
 
-    async def _append(self, partition: int, changes: Sequence[Change]) -> list[str]:
-        keys = [self.keys.log(partition), self.keys.backlog(partition)]
-        args = self._append_args(changes)
-        reply = await self.scripts.changelog_append(keys=keys, args=args)
+    async def _append_group(self, groups: dict[int, list[Change]]) -> list[str]:
+        """One script call for these partitions' changes, all or none: their ids, partition by partition.
+
+        A partition found full is trimmed of what fan-out processed and the call made once more
+        (fan-out trims as it acknowledges; a log an older version wrote has no such trimming).
+        """
+        partitions = list(groups)
+        reply = await self.scripts.changelog_append(*self._append_call(groups))
         if int(reply[0]) == -2:
-            reply = await self._retry_trimmed(partition, changes)
-        return self._appended(partition, reply)
-
-    async def _retry_trimmed(self, partition: int, changes: Sequence[Change]) -> Any:
-        """A partition was full, perhaps of entries fan-out processed and nobody trimmed yet (fan-out
-        trims as it acknowledges; a log an older version wrote has no such trimming): trim what was
-        processed and try once more. Only on this path, so a refusal costs two calls and an
-        accepted publish one."""
-        await self.trim(partition)
-        return await self.scripts.changelog_append(keys=[self.keys.log(partition), self.keys.backlog(partition)],
-                                                   args=self._append_args(changes))
+            await self.trim(partitions[int(reply[1]) - 1])
+            reply = await self.scripts.changelog_append(*self._append_call(groups))
+        if int(reply[0]) == -3:
+            raise _Sealed()
+        refused = self._refusal(partitions, reply)
+        if refused is not None:
+            raise refused
+        ids = iter(reply[1:])
+        return [f"{partition}:{as_text(next(ids))}" for partition, changes in groups.items() for _ in changes]
 
     async def trim(self, partition: int) -> int:
         """Trim what fan-out processed from a partition; returns the entries left (not yet processed).
@@ -162,135 +167,49 @@ class RedisChangeLog(LagReport):
         Raises:
             QuotaExceeded, LogFull: the change was refused, nothing was appended.
         """
-        with unavailable("changelog.publish"):
-            return (await self._append(self.partition(change.tenant), [change]))[0]
+        return (await self.publish_many([change]))[0]
 
     async def publish_many(self, changes: Sequence[Change]) -> list[str]:
-        """One script call per partition, all of its changes or none (a tenant's changes are in
-        one partition, in order); on a single node in one pipeline, on Cluster concurrently.
-        Every partition finishes before a refusal or an error is raised: a caller told "not
-        acknowledged" must not have appends still landing behind its back."""
-        with unavailable("changelog.publish_many"):
-            by_partition: dict[int, list[int]] = {}
-            for i, change in enumerate(changes):
-                by_partition.setdefault(self.partition(change.tenant), []).append(i)
-            if len(by_partition) <= 1:
-                return await self._append(self.partition(changes[0].tenant), changes) if changes else []
-            batch = Batch(self.client)
-            for partition, positions in by_partition.items():
-                batch.call(self.scripts.changelog_append, [self.keys.log(partition), self.keys.backlog(partition)],
-                           self._append_args([changes[i] for i in positions]))
-            replies = await batch.execute()
-            ids: list[str] = [""] * len(changes)
-            refused: PublishRefused | None = None
-            for (partition, positions), reply in zip(by_partition.items(), replies, strict=True):
-                if int(reply[0]) == -2:  # full, perhaps of processed entries: as _append does
-                    reply = await self._retry_trimmed(partition, [changes[i] for i in positions])
-                try:
-                    for i, change_id in zip(positions, self._appended(partition, reply), strict=True):
-                        ids[i] = change_id
-                except PublishRefused as exc:
-                    refused = refused or exc
-            if refused is not None:
-                raise refused
-            return ids
+        """Append ``changes`` in order per partition; on a single server in one script call, all or none.
 
-    def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
-        out = []
-        for entry_id, fields in entries:
-            change_id = f"{partition}:{as_text(entry_id)}"
-            try:
-                out.append((change_id, decode_change(fields[b"c"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                # An entry no version of the broker can read must not hold up its neighbours
-                # (it would be claimed and fail again forever): it is acknowledged and dropped.
-                self.dropped += 1
-                logger.error("dropping unreadable change-log entry %s: %r (%d dropped by this process)",
-                             change_id, exc, self.dropped)
-                self._unreadable.append(change_id)
-        return out
-
-    async def _drop_unreadable(self) -> None:
-        if self._unreadable:
-            ids, self._unreadable = self._unreadable, []
-            await self.ack(ids)
-
-    async def _readgroup(self, consumer: str, partitions: Sequence[int], count: int,
-                         block_ms: int | None) -> list[tuple[str, Change]]:
-        """New changes of ``partitions``, read only while ``consumer`` holds each one's lease.
-
-        The read is a script that checks the lease (``fanout_read.lua``): a plain XREADGROUP sent
-        while the lease was held could run after it lapsed and take changes the next holder
-        never sees. With nothing new, it waits (``block_ms``) on a plain XREAD after the newest
-        entry, which takes nothing, and reads once more through the script.
+        On Cluster each partition's changes are one call, made concurrently; every call finishes
+        before a refusal or an error is raised: a caller told "not acknowledged" must not have
+        appends still landing behind its back. An append that meets a sealed partition (a
+        switch of layouts) reads the layout again and goes to the new one.
         """
-        found, newest = await self._fenced_read(consumer, partitions, count)
-        if found or not block_ms or not newest:
-            return found
-        if await self.client.xread({self.keys.log(p): last for p, last in newest.items()}, count=1, block=block_ms):
-            found, _ = await self._fenced_read(consumer, list(newest), count)
-        return found
+        if not changes:
+            return []
+        with unavailable("changelog.publish"):
+            for _ in range(SEALED_TRIES):
+                try:
+                    return await self._publish(changes)
+                except _Sealed:
+                    await asyncio.sleep(0.02)
+                    await self.partitioning.load()
+        raise BackendUnavailable("the change log is switching partitions; publish again shortly")
 
-    async def _fenced_read(self, consumer: str, partitions: Sequence[int],
-                           count: int) -> tuple[list[tuple[str, Change]], dict[int, str]]:
-        """What ``fanout_read.lua`` took from each partition, and the newest entry id of each one still held."""
-        def batch() -> Batch:
-            calls = Batch(self.client)
-            for p in partitions:
-                calls.call(self.scripts.fanout_read, [self.keys.lease(p), self.keys.log(p)],
-                           [consumer, FANOUT_GROUP, count])
-            return calls
-
-        try:
-            replies = await batch().execute()
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            # The store lost the group (it was flushed or restarted empty): recreate and read again.
-            await self._create_groups()
-            replies = await batch().execute()
-        out: list[tuple[str, Change]] = []
-        newest: dict[int, str] = {}
-        for partition, reply in zip(partitions, replies, strict=True):
-            if not int(reply[0]):
-                continue  # the lease lapsed: the next hold finds out, and sweeps if it takes it back
-            newest[partition] = as_text(reply[1])
-            entries = [(entry_id, dict(zip(fields[0::2], fields[1::2], strict=True))) for entry_id, fields in reply[2]]
-            out += self._parse(partition, entries)
-        await self._drop_unreadable()
-        return out, newest
-
-    async def _autoclaim(self, partition: int, consumer: str, start: str,
-                         count: int) -> tuple[str, list[tuple[str, Change]]]:
-        """XAUTOCLAIM from ``start``, idle or not: the next cursor (``0-0`` at the end) and what was claimed."""
-        try:
-            reply = await self.client.xautoclaim(self.keys.log(partition), FANOUT_GROUP, consumer,
-                                                 0, start_id=start, count=count)
-        except ResponseError as exc:
-            if "NOGROUP" in str(exc):
-                return "0-0", []
-            raise
-        cursor, claimed = as_text(reply[0]), self._parse(partition, reply[1])
-        if claimed and cursor != "0-0" and _stream_id(cursor) <= _stream_id(claimed[-1][0].partition(":")[2]):
-            # fakeredis answers the last id it claimed, where Redis answers the next one to scan.
-            ms, seq = _stream_id(cursor)
-            cursor = f"{ms}-{seq + 1}"
-        return cursor, claimed
-
-    async def _sweep(self, consumer: str, holding: ConsumerShare, count: int) -> list[tuple[str, Change]]:
-        """Changes a lapsed holder of a newly taken partition read and never acknowledged, oldest first."""
-        taken: list[tuple[str, Change]] = []
-        for partition, cursor in list(holding.sweep.items()):
-            while len(taken) < count:
-                start = cursor
-                cursor, claimed = await self._autoclaim(partition, consumer, start, count - len(taken))
-                taken += claimed
-                if cursor == "0-0" or (cursor == start and not claimed):
-                    del holding.sweep[partition]
-                    break
-                holding.sweep[partition] = cursor
-        await self._drop_unreadable()
-        return taken
+    async def _publish(self, changes: Sequence[Change]) -> list[str]:
+        route = self.partitioning.write.route
+        positions: dict[int, list[int]] = {}
+        for i, change in enumerate(changes):
+            positions.setdefault(route(change.tenant, change.uri), []).append(i)
+        groups = {partition: [changes[i] for i in at] for partition, at in positions.items()}
+        if not self.cluster or len(groups) == 1:
+            found = await self._append_group(groups)
+            ids: list[str] = [""] * len(changes)
+            flat = (i for at in positions.values() for i in at)
+            for i, change_id in zip(flat, found, strict=True):
+                ids[i] = change_id
+            return ids
+        results = await asyncio.gather(*(self._append_group({p: group}) for p, group in groups.items()),
+                                       return_exceptions=True)
+        ids = [""] * len(changes)
+        for at, result in zip(positions.values(), results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            for i, change_id in zip(at, result, strict=True):
+                ids[i] = change_id
+        return ids
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         """Up to ``count`` changes of the partitions ``consumer`` holds, in log order per partition.
@@ -302,6 +221,8 @@ class RedisChangeLog(LagReport):
         again first, oldest first, as is what a lapsed holder left pending in a partition taken
         over. Blocks for at most a third of the lease, so a holder that is idle keeps it.
         """
+        with unavailable("changelog.read"):
+            await self._follow(consumer)
         holding = self.leases.share_of(consumer)
         holding.stop_heartbeat()
         if holding.handed:
@@ -320,38 +241,26 @@ class RedisChangeLog(LagReport):
             self.leases.keep_while_working(consumer, holding)
         return found
 
-    async def _read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+    async def _follow(self, consumer: str) -> None:
+        """Look at the layouts now and then: a switch, or the end of its drain, moves what fan-out reads.
+
+        While a layout is drained, each consumer checks whether it is empty; the first to see it
+        so drops it, and every consumer then gives up its leases of the old partitions and
+        takes its share of the new ones.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(block_ms, 0) / 1000
-        while True:
-            remaining = int((deadline - loop.time()) * 1000)
-            holding = await self.leases.take_share(consumer)
-            found = await self._sweep(consumer, holding, count) if holding.sweep else []
-            held = holding.held
-            chunk = min(remaining, self._max_block_ms, self.leases.lease_ms // 3)
-            if found:
-                return found
-            if not held:
-                if chunk <= 0:
-                    return []
-                await asyncio.sleep(chunk / 1000)  # another consumer holds every partition: stand by
-                continue
-            if not self.cluster:
-                found = await self._readgroup(consumer, held, count, chunk if chunk > 0 else None)
-            else:
-                # A blocking read spans one slot in Cluster: poll every partition, then block on one.
-                for p in held:
-                    found += await self._readgroup(consumer, [p], count - len(found), None)
-                    if len(found) >= count:
-                        break
-                chunk = min(chunk, 100)
-                if not found and chunk > 0:
-                    self._rotate = (self._rotate + 1) % len(held)
-                    found = await self._readgroup(consumer, [held[self._rotate]], count, chunk)
-            if found or loop.time() >= deadline:
-                return found
-            if chunk > 0 and loop.time() < deadline - chunk / 1000 + 0.005:
-                await asyncio.sleep(0.01)  # the server did not block (fakeredis): poll instead
+        if loop.time() < self._next_look:
+            return
+        partitioning = self.partitioning
+        await partitioning.load()
+        if partitioning.drain is not None:
+            await partitioning.finish_drain()
+        self._next_look = loop.time() + (DRAIN_LOOK_INTERVAL if partitioning.drain else LOOK_INTERVAL)
+        numbers = partitioning.reading.numbers
+        if numbers != self.leases.partitions:
+            await self.partitioning.create_groups()
+            await self.leases.release(consumer)
+            self.leases.partitions = numbers
 
     async def ack(self, ids: Sequence[str]) -> None:
         """Acknowledge, count out of the tenants' backlogs and trim what was processed, per partition.
@@ -391,10 +300,14 @@ class RedisChangeLog(LagReport):
         given up, and reads are fenced by them), so nothing becomes pending between the check
         and the removal.
         """
-        for partition in range(self.partitions):
+        for partition in self.partitioning.numbers():
             key = self.keys.log(partition)
             if not await self.client.xpending_range(key, FANOUT_GROUP, "-", "+", 1, consumername=consumer):
                 await self.client.xgroup_delconsumer(key, FANOUT_GROUP, consumer)
 
     def close(self) -> None:
         self.leases.close()
+
+
+class _Sealed(Exception):
+    """An append met a sealed partition: the layout this process holds is stale."""

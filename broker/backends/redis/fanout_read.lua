@@ -1,20 +1,32 @@
--- KEYS: the lease of one change-log partition, the partition.
+-- KEYS: for each change-log partition read, two keys: its lease, the partition.
 -- ARGV: consumer, consumer group, count.
--- A read of new changes fenced by the lease: only the consumer that holds the partition takes
+-- A read of new changes fenced by the lease: only the consumer that holds a partition takes
 -- changes from it. A read sent while the lease was held and run after it lapsed (a stall, a
 -- network that held the command back) would otherwise take changes that the new holder never
--- sees, pending to a consumer that may be gone. Returns {0} when the caller does not hold the
--- lease (nothing taken), else {1, id of the newest entry ('0-0' for none), entries}: a caller
--- that found nothing waits for an entry after that id (XREAD, which takes nothing) and reads
--- again through this script.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
-local got = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', ARGV[3], 'STREAMS', KEYS[2], '>')
-local entries = {}
-if got and got[1] then
-  -- Redis answers {{stream, entries}}; fakeredis {stream, entries}.
-  if type(got[1]) == 'table' then entries = got[1][2] or {} else entries = got[2] or {} end
+-- sees, pending to a consumer that may be gone. Several partitions in one call on a single
+-- server (one per call on Cluster). Returns, per partition, {0} when the caller does not hold
+-- the lease (nothing taken), else {1, id of the newest entry ('0-0' for none), entries}: a
+-- caller that found nothing waits for an entry after that id (XREAD, which takes nothing) and
+-- reads again through this script.
+local out = {}
+for p = 1, #KEYS / 2 do
+  if redis.call('GET', KEYS[2 * p - 1]) ~= ARGV[1] then
+    out[p] = {0}
+  else
+    local got = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', ARGV[3], 'STREAMS', KEYS[2 * p], '>')
+    local entries = {}
+    if got and got[1] then
+      -- Redis answers {{stream, entries}}; fakeredis {stream, entries}.
+      if type(got[1]) == 'table' then entries = got[1][2] or {} else entries = got[2] or {} end
+    end
+    local last = '0-0'
+    if entries[1] then
+      last = entries[#entries][1]
+    else
+      local newest = redis.call('XREVRANGE', KEYS[2 * p], '+', '-', 'COUNT', 1)
+      if newest[1] then last = newest[1][1] end
+    end
+    out[p] = {1, last, entries}
+  end
 end
-local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local last = '0-0'
-if newest[1] then last = newest[1][1] end
-return {1, last, entries}
+return out

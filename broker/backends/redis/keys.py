@@ -6,7 +6,8 @@ Layout (``P`` is ``settings.redis_prefix``; ``{...}`` is the Redis Cluster hash 
 key                            type        what
 =============================  ==========  ===================================================
 ``P:epoch``                    string      the data generation, SET NX at start
-``P:partitions``               string      change-log partition count, fixed at first start
+``P:partitions``               string      change-log partition count of the current layout
+``P:partitioning``             string      the change log's layouts, JSON (``partitioning``)
 ``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
 ``P:{t:<tenant>}:q:<kind>``    zset        the tenant's open streams or listens, scored by lease expiry (quotas)
@@ -19,6 +20,7 @@ key                            type        what
 ``P:{c:<n>}:log``              stream      change-log partition ``n`` (consumer group ``fanout``)
 ``P:{c:<n>}:backlog``          hash        per tenant: changes of partition ``n`` not yet fanned out
 ``P:{c:<n>}:lease``            string      the fan-out consumer that alone reads partition ``n`` now
+``P:{c:<n>}:sealed``           string      set once partition ``n`` takes no more appends (a switch)
 ``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
 ``P:lease:<name>``             string      the owner of a named lease (``base.Leases``)
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
@@ -38,8 +40,9 @@ the names are injective whatever the input, so a tenant ``a:b`` never shares a k
 ``broker.tenants``) is written as it is, so keys made before the escaping are still found.
 
 A session's keys and its wake channel share the tag ``{s:<sid>}``, so each session script runs
-in one Cluster slot. A tenant's records share the tag of the change-log partition the tenant
-maps to (``{c:<n>}``), so a record write and its change are one atomic script. The index and
+in one Cluster slot. A collection's records share the tag of the change-log partition the
+collection maps to (``{c:<n>}``, ``partitioning``), so a record write and its change are one
+atomic script; a tenant's record usage and collection list are kept per partition beside them. The index and
 the tenant session sets are cross-slot from the session; they are written in a second step.
 The API keys share the tag ``{k}``: they are few, and each create or revocation is one script.
 """
@@ -77,6 +80,7 @@ class Keys:
         self.prefix = prefix
         self.epoch = f"{prefix}:epoch"
         self.partitions = f"{prefix}:partitions"
+        self.partitioning = f"{prefix}:partitioning"
         self.registry = f"{prefix}:registry"
         self.broadcast = f"{prefix}:bcast"
         self.fanout_consumers = f"{prefix}:fanout"
@@ -106,6 +110,10 @@ class Keys:
     def lease(self, partition: int) -> str:
         """Which fan-out consumer holds the partition (it alone reads it, so changes keep their order)."""
         return f"{self.prefix}:{{c:{partition}}}:lease"
+
+    def sealed(self, partition: int) -> str:
+        """Set when the partition takes no more appends: a switch of layouts drains it."""
+        return f"{self.prefix}:{{c:{partition}}}:sealed"
 
     def named_lease(self, name: str) -> str:
         """The owner of a named lease: one key per lease, no hash tag (every call touches one key)."""

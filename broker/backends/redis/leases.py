@@ -60,11 +60,11 @@ class ConsumerShare:
 class PartitionLeases:
     """The partition leases of this process's fan-out consumers, and the registry of live consumers."""
 
-    def __init__(self, client: Client, keys: Keys, scripts: Scripts, *, partitions: int, lease_ms: int) -> None:
+    def __init__(self, client: Client, keys: Keys, scripts: Scripts, *, partitions: list[int], lease_ms: int) -> None:
         self.client = client
         self.keys = keys
         self.scripts = scripts
-        #: How many partitions the change log has (the count stored in Redis wins: see ``changelog``).
+        #: The numbers of the partitions fan-out reads (the layout ``partitioning`` says, or the one it drains).
         self.partitions = partitions
         self.lease_ms = lease_ms
         self._shares: dict[str, ConsumerShare] = {}
@@ -94,7 +94,8 @@ class PartitionLeases:
         holding = self.share_of(consumer)
         before = holding.held
         holding.held = []  # until this call succeeds: a failure makes every partition new again
-        count = self.partitions
+        numbers = self.partitions
+        count = len(numbers)
         share = count
         if count > 1:
             try:
@@ -105,10 +106,11 @@ class PartitionLeases:
                 # the share last seen.
                 logger.debug("fan-out consumer registry unreachable", exc_info=True)
             share = -(-count // self._live)
-        keep, surplus = before[:share], before[share:]
+        kept = [p for p in before if p in numbers]
+        keep, surplus = kept[:share], kept[share:] + [p for p in before if p not in numbers]
         holding.turn += 1
         start = (zlib.crc32(consumer.encode()) + holding.turn) % count
-        free = [p for p in ((start + i) % count for i in range(count)) if p not in before]
+        free = [p for p in (numbers[(start + i) % count] for i in range(count)) if p not in before]
         asked = keep + (free if len(keep) < share else [])
         batch = Batch(self.client)
         for partition in asked:
@@ -126,7 +128,7 @@ class PartitionLeases:
                 batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
             await batch.execute()
         held = sorted(got)
-        for partition in range(count):
+        for partition in numbers:
             if partition not in held:
                 holding.sweep.pop(partition, None)
             elif partition not in before or replies[partition] == 2:
@@ -153,7 +155,7 @@ class PartitionLeases:
                 for partition in held:  # renew only: a heartbeat never takes a partition
                     batch.call(self.scripts.partition_lease, [self.keys.lease(partition)],
                                [consumer, self.lease_ms, "renew"])
-                if self.partitions > 1:
+                if len(self.partitions) > 1:
                     batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self.lease_ms])
                 results = await batch.execute()
                 # A partition lost meanwhile is new again to the next hold (which sweeps it).
@@ -177,9 +179,9 @@ class PartitionLeases:
         # Every partition, not only those of the last successful hold: a read cut short (the
         # consumer is being cancelled) forgets what it held, and the script checks the holder.
         batch = Batch(self.client)
-        for partition in range(self.partitions):
+        for partition in self.partitions:
             batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
-        if self.partitions > 1:
+        if len(self.partitions) > 1:
             batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
         await batch.execute()
         return True

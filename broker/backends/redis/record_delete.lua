@@ -1,8 +1,10 @@
 -- KEYS: records hash, ids zset, collections zset, change-log partition, the tenant's record usage
---       hash, the partition's backlog hash.
+--       hash in this partition, the partition's backlog hash, the partition's seal.
 -- ARGV: record id, collection, log maxlen, packed change, the tenant's change-log bound, the tenant.
 -- Returns 1 when the record existed (deleted, its change appended), 0 when it did not; -4 or -5
--- (nothing deleted) when the log or the tenant's share of it is full (see record_write.lua).
+-- (nothing deleted) when the log or the tenant's share of it is full, -6 when the partition is
+-- sealed (see record_write.lua).
+if redis.call('EXISTS', KEYS[7]) == 1 then return -6 end
 local size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
 if size == 0 then return 0 end
 local entries = redis.call('XLEN', KEYS[4])

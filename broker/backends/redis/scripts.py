@@ -39,6 +39,8 @@ NAMES = (
     "quota_refresh",
     "quota_take",
     "session_admit",
+    "compare_and_set",
+    "record_import",
 )
 
 
@@ -74,3 +76,5 @@ class Scripts:
         self.quota_refresh: AsyncScript = loaded["quota_refresh"]
         self.quota_take: AsyncScript = loaded["quota_take"]
         self.session_admit: AsyncScript = loaded["session_admit"]
+        self.compare_and_set: AsyncScript = loaded["compare_and_set"]
+        self.record_import: AsyncScript = loaded["record_import"]
