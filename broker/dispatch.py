@@ -221,7 +221,7 @@ class Dispatcher:
         call = Call(principal, True)
         if msg.method == "subscriptions/listen":
             if self.resumables is not None and wants_resumable(msg.params):
-                return await self.resumable_listen(call, msg, header("last-event-id") if header else None)
+                return await self.resumable_listen(call, msg, header)
             return await self.leased_listen(call, msg)
         return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
 
@@ -264,7 +264,8 @@ class Dispatcher:
             self._leases[listen] = lease
         return listen
 
-    async def resumable_listen(self, call: Call, msg: Message, header: str | None) -> ResumableListen:
+    async def resumable_listen(self, call: Call, msg: Message,
+                               header: Callable[[str], str | None] | None) -> ResumableListen:
         """Open a resumable listen (``broker.resume``), new or from the last event id its client
         received (the ``Last-Event-ID`` header, or on stdio its ``_meta``), holding a place in the
         tenant's ``listens`` quota as a plain listen does.
@@ -276,7 +277,8 @@ class Dispatcher:
         """
         assert msg.id is not None and self.resumables is not None
         uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
-        resume_from = last_event_id(msg.params, header)
+        stdio = header is None  # stdio has no headers: the id travels in ``_meta``
+        resume_from = last_event_id(msg.params, None if header is None else header("last-event-id"))
         lease: Lease | None = None
         if self.quotas is not None and self.quotas.limits(call.principal.tenant).listens is not None:
             try:
@@ -285,7 +287,7 @@ class Dispatcher:
                 raise quota_error(exc) from exc
         try:
             listen = await self.resumables.open(call.principal, msg.id, uris, list_changed, ack, resume_from,
-                                                stdio=header is None)
+                                                stdio=stdio)
         except BaseException as exc:
             if lease is not None and self.quotas is not None:
                 self.quotas.release(lease)

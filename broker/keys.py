@@ -23,7 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from broker.backends.base import Credentials, KeyRecord
@@ -96,7 +96,7 @@ def key_view(record: KeyRecord, now: float | None = None) -> dict[str, Any]:
     state = "revoked" if record.revoked_at is not None else ("active" if record.valid(now) else "expired")
     return {"id": record.id, "tenant": record.tenant, "subject": record.subject, "scopes": list(record.scopes),
             "created_at": record.created_at, "expires_at": record.expires_at, "revoked_at": record.revoked_at,
-            "state": state}
+            "created_by": record.created_by, "state": state}
 
 
 class KeyAdmin:
@@ -111,7 +111,8 @@ class KeyAdmin:
         """A new key of ``tenant``/``subject`` with ``scopes`` (None: every data scope, never the admin's).
 
         ``by`` is the tenant admin asking (None: the operator): it may make keys of its own
-        tenant only, with scopes it holds itself (by default, the data scopes it holds).
+        tenant only, with scopes it holds itself (by default, the data scopes it holds), that
+        expire no later than its own credential; a key made with a stored key is revoked with it.
 
         Raises:
             KeyRefused: 422 for a bad tenant, subject, scope or lifetime; 403 for another tenant
@@ -141,14 +142,19 @@ class KeyAdmin:
                 raise KeyRefused(422, f"expires_in: {exc}") from exc
         while True:  # a clash of 64-bit ids or 256-bit keys does not happen; if it did, draw again
             key = PREFIX + secrets.token_urlsafe(32)
+            expires_at = None if expires_in is None else now + expires_in
+            if by is not None and by.expires_at is not None:
+                # Never outlive the credential that made it (a short-lived token, an expiring key).
+                expires_at = by.expires_at if expires_at is None else min(expires_at, by.expires_at)
             record = KeyRecord(id=secrets.token_hex(8), digest=digest_of(key), tenant=tenant, subject=subject,
-                               scopes=granted, created_at=now,
-                               expires_at=None if expires_in is None else now + expires_in)
+                               scopes=granted, created_at=now, expires_at=expires_at,
+                               created_by=None if by is None else by.credential)
             if await self.store.create(record):
                 return IssuedKey(key, record)
 
     async def list(self, tenant: str | None, after: str = "", limit: int = PAGE) -> list[KeyRecord]:
-        return await self.store.list(tenant, after, max(1, min(limit, MAX_PAGE)))
+        # One more than a page may be asked for: it says whether another page follows.
+        return await self.store.list(tenant, after, max(1, min(limit, MAX_PAGE + 1)))
 
     async def get(self, key_id: str, tenant: str | None) -> KeyRecord:
         """The key, when it exists and (for a tenant admin) is its tenant's. Raises ``KeyRefused`` 404."""
@@ -158,7 +164,11 @@ class KeyAdmin:
         return found
 
     async def revoke(self, key_id: str, tenant: str | None) -> KeyRecord:
-        """Revoke the key; its record as now stored. Raises ``KeyRefused``: 404 unknown, 409 revoked already."""
+        """Revoke the key, and every key made with it (at any depth); its record as now stored.
+
+        Raises:
+            KeyRefused: 404 unknown, 409 revoked already.
+        """
         record = await self.get(key_id, tenant)
         at = self.clock()
         outcome = await self.store.revoke(key_id, at)
@@ -166,8 +176,21 @@ class KeyAdmin:
             raise KeyRefused(404, f"no key {key_id!r}")
         if outcome is False:
             raise KeyRefused(409, f"key {key_id} was revoked already")
-        return KeyRecord(record.id, record.digest, record.tenant, record.subject, record.scopes, record.created_at,
-                         record.expires_at, at)
+        await self._revoke_made_by(record.tenant, key_id, at)
+        return replace(record, revoked_at=at)
+
+    async def _revoke_made_by(self, tenant: str, key_id: str, at: float) -> None:
+        """Revoke the keys ``key_id`` made, and theirs: a holder cannot keep access by minting a child first."""
+        parents = {key_id}
+        while parents:
+            children: list[str] = []
+            after = ""
+            while page := await self.store.list(tenant, after, MAX_PAGE):
+                children += [k.id for k in page if k.created_by in parents and k.revoked_at is None]
+                after = page[-1].id
+            for child in children:
+                await self.store.revoke(child, at)
+            parents = set(children)
 
 
 class StoredKeys:

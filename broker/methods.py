@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from broker.auth import Principal
 from broker.backends.base import SubscriptionIndex
@@ -83,6 +83,9 @@ class Methods:
             "resources/subscribe": self._resources_subscribe,
             "resources/unsubscribe": self._resources_unsubscribe,
         }
+        #: The modern methods served: ``MODERN_METHODS`` and those of extensions (``extend``).
+        self.modern_methods: frozenset[str] = MODERN_METHODS
+        self.extensions: dict[str, Any] = {RESUMABLE: {}}
 
     # -- validation ------------------------------------------------------------------------
     def uri_param(self, params: dict[str, Any], name: str = "uri", *, canonical: bool = True) -> str:
@@ -113,7 +116,7 @@ class Methods:
     # -- dispatch ---------------------------------------------------------------------------
     async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one request; returns its result. Raises RpcError."""
-        known = MODERN_METHODS if call.modern else LEGACY_METHODS
+        known = self.modern_methods if call.modern else LEGACY_METHODS
         if method not in known:
             raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
         needed = METHOD_SCOPES.get(method)
@@ -172,7 +175,7 @@ class Methods:
         return {
             "supportedVersions": list(MODERN_VERSIONS),
             # The resumable-listen extension is 2026-07-28's: the legacy era resumes its GET stream.
-            "capabilities": {**capabilities(), "extensions": {RESUMABLE: {}}},
+            "capabilities": {**capabilities(), "extensions": dict(self.extensions)},
             "instructions": self.settings.instructions,
             "ttlMs": 300_000,
             "cacheScope": "public",
@@ -265,24 +268,10 @@ class Methods:
         spec = params.get("notifications")
         if not isinstance(spec, dict):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.notifications must be an object", status=400)
-        uris = spec.get("resourceSubscriptions", [])
-        if not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "notifications.resourceSubscriptions must be an array of strings",
-                               status=400)
-        uris = list(dict.fromkeys(uris))
-        if len(uris) > self.settings.max_listen_uris:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Too many URIs: at most {self.settings.max_listen_uris} per listen",
-                               {"limit": self.settings.max_listen_uris}, status=400)
-        total = sum(len(uri.encode("utf-8", "surrogatepass")) for uri in uris)
-        budget = self.settings.max_listen_filter_bytes
-        if total > budget:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"The filter's URIs are {total} bytes, more than the limit of "
-                               f"{budget}", {"limit": budget}, status=400)
         for flag in ("toolsListChanged", "promptsListChanged", "resourcesListChanged"):
             if flag in spec and not isinstance(spec[flag], bool):
                 raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", status=400)
-        for uri in uris:
-            self.check_watch(call, uri)
+        uris = self.watched_uris(call, spec.get("resourceSubscriptions", []), "notifications.resourceSubscriptions")
         list_changed = spec.get("resourcesListChanged") is True
         # Only what the broker honours: it has no tools or prompts, so those flags are left out.
         ack: dict[str, Any] = {}
@@ -291,3 +280,31 @@ class Methods:
         if "resourceSubscriptions" in spec:
             ack["resourceSubscriptions"] = uris
         return uris, list_changed, ack
+
+    def watched_uris(self, call: Call, uris: Any, name: str) -> list[str]:
+        """A list of URIs to watch, held to a listen filter's rules; deduplicated, in order.
+
+        Raises:
+            RpcError: -32602 (400) for a value that is not an array of strings, too many URIs or
+                bytes of them, or a URI the caller may not read (``name`` says which param).
+        """
+        if not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"{name} must be an array of strings", status=400)
+        unique = list(dict.fromkeys(cast(list[str], uris)))
+        if len(unique) > self.settings.max_listen_uris:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Too many URIs: at most {self.settings.max_listen_uris} per listen",
+                               {"limit": self.settings.max_listen_uris}, status=400)
+        total = sum(len(uri.encode("utf-8", "surrogatepass")) for uri in unique)
+        budget = self.settings.max_listen_filter_bytes
+        if total > budget:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"The filter's URIs are {total} bytes, more than the limit of "
+                               f"{budget}", {"limit": budget}, status=400)
+        for uri in unique:
+            self.check_watch(call, uri)
+        return unique
+
+    def extend(self, handlers: dict[str, Handler], extensions: dict[str, Any]) -> None:
+        """Serve more 2026-07-28 methods (an extension's), and advertise the extension in ``server/discover``."""
+        self._handlers.update(handlers)
+        self.modern_methods = self.modern_methods | handlers.keys()
+        self.extensions.update(extensions)

@@ -11,11 +11,15 @@ server (``MCP_BROKER_OAUTH_ISSUER``):
 * any other token is asked of the server's introspection endpoint (RFC 7662) when introspection
   is configured: ``active`` must be true, and the answer passes the same ``iss``, ``aud`` and
   ``exp`` checks; answers are kept for at most ``INTROSPECTION_TTL`` seconds (never past the
-  token's ``exp``), at most ``INTROSPECTION_CACHE`` of them.
+  token's ``exp``), at most ``INTROSPECTION_CACHE`` of them. A refusal is kept too, for
+  ``REFUSAL_TTL`` seconds, requests about one token share one question, and at most
+  ``INTROSPECTION_CONCURRENCY`` questions are in flight per worker: whoever sends made-up tokens
+  cannot turn each request into a request to the authorization server.
 
 The claims become the ``Principal``: the tenant from the claim ``MCP_BROKER_OAUTH_TENANT_CLAIM``
 (a valid tenant name, ``broker.tenants``), the subject from ``sub``, the scopes from ``scope`` (a
-space-separated string) or ``scp`` (a list or a string), ``expires_at`` from ``exp``. Tenants
+space-separated string) or ``scp`` (a list or a string), ``expires_at`` from ``exp`` plus the
+leeway (when the broker stops accepting the token, and so when its streams end). Tenants
 are not a configured list anywhere in the broker (an API key may name any valid tenant name,
 and so may the authorization server): a tenant the broker has not seen starts empty.
 
@@ -52,6 +56,11 @@ WELL_KNOWN: Final = "/.well-known/oauth-protected-resource"
 #: Seconds an introspection answer is kept, and how many are.
 INTROSPECTION_TTL: Final = 60.0
 INTROSPECTION_CACHE: Final = 10_000
+#: Seconds a refused token's answer is kept; questions to the introspection endpoint in flight at once.
+REFUSAL_TTL: Final = 10.0
+INTROSPECTION_CONCURRENCY: Final = 16
+#: The latest ``exp`` a token may carry (Unix seconds, year 5138): beyond it, not a time.
+MAX_EXP: Final = 1e11
 #: Seconds a request to the authorization server may take.
 HTTP_TIMEOUT: Final = 5.0
 #: The broker's own stored API keys start with this: never an OAuth token, never sent to the server.
@@ -92,7 +101,9 @@ class OAuthTokens:
         self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False)
         self.keys = IssuerKeys(issuer, self.http, refresh_interval=refresh_interval)
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[Principal | str, float]] = OrderedDict()
+        self._asking: dict[str, asyncio.Task[Principal]] = {}
+        self._questions = asyncio.Semaphore(INTROSPECTION_CONCURRENCY)
         self._prefetch: asyncio.Task[None] | None = None
 
     @classmethod
@@ -159,7 +170,7 @@ class OAuthTokens:
             raise Unauthorized(f"the token names no tenant (claim {self.tenant_claim})")
         if tenant_problem(tenant) is not None:
             raise Unauthorized(f"the token's {self.tenant_claim} claim is not a tenant name ({TENANT_RULE})")
-        return Principal(tenant, subject, _scopes(claims), expires_at=float(claims["exp"]))
+        return Principal(tenant, subject, _scopes(claims), expires_at=_expiry(claims) + self.leeway)
 
     async def _introspect(self, token: str) -> Principal:
         digest = hashlib.sha256(token.encode()).hexdigest()  # the cache keeps no token itself
@@ -167,20 +178,46 @@ class OAuthTokens:
         hit = self._cache.get(digest)
         if hit is not None:
             if now < hit[1]:
+                if isinstance(hit[0], str):
+                    raise Unauthorized(hit[0])
                 return hit[0]
             del self._cache[digest]
+        asking = self._asking.get(digest)
+        if asking is None:
+            # One question per token, in a task of its own: requests about the same token share
+            # it, and a request that goes away does not cancel it for the others.
+            asking = asyncio.get_running_loop().create_task(self._introspect_now(token, digest))
+            self._asking[digest] = asking
+            asking.add_done_callback(lambda task: self._asked(digest, task))
+        return await asyncio.shield(asking)
+
+    def _asked(self, digest: str, task: asyncio.Task[Principal]) -> None:
+        self._asking.pop(digest, None)
+        if not task.cancelled():
+            task.exception()  # seen here, should every request that waited for it have gone away
+
+    async def _introspect_now(self, token: str, digest: str) -> Principal:
         url = self.introspection_url or (await self.keys.metadata()).introspection_endpoint
         if url is None:
             raise AuthUnavailable("the authorization server names no introspection endpoint", 60)
-        claims = await self._ask(url, token)
-        if claims.get("active") is not True:
-            raise Unauthorized("the token is not active")
-        self._check(claims, now)
-        principal = self.principal(claims)
-        self._cache[digest] = (principal, min(float(claims["exp"]), now + INTROSPECTION_TTL))
+        async with self._questions:
+            claims = await self._ask(url, token)
+        now = self._clock()
+        try:
+            if claims.get("active") is not True:
+                raise Unauthorized("the token is not active")
+            self._check(claims, now)
+            principal = self.principal(claims)
+        except Unauthorized as exc:
+            self._remember(digest, str(exc), now + REFUSAL_TTL)
+            raise
+        self._remember(digest, principal, min(_expiry(claims) + self.leeway, now + INTROSPECTION_TTL))
+        return principal
+
+    def _remember(self, digest: str, answer: Principal | str, until: float) -> None:
+        self._cache[digest] = (answer, until)
         while len(self._cache) > INTROSPECTION_CACHE:
             self._cache.popitem(last=False)
-        return principal
 
     async def _ask(self, url: str, token: str) -> dict[str, Any]:
         """The introspection endpoint's answer about ``token`` (RFC 7662 §2)."""
@@ -213,6 +250,21 @@ class OAuthTokens:
             raise Unauthorized("the token has expired")
         if isinstance(nbf, int | float) and nbf > now + self.leeway:
             raise Unauthorized("the token is not valid yet")
+
+
+def _expiry(claims: Mapping[str, Any]) -> float:
+    """The token's ``exp`` as Unix seconds. Raises ``Unauthorized`` for one that is not a time (a
+    string, a bool, infinite, or past ``MAX_EXP``), which would otherwise overflow or never end."""
+    exp = claims.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        raise Unauthorized("the token's exp is not a number of seconds")
+    try:
+        value = float(exp)
+    except OverflowError:
+        raise Unauthorized("the token's exp is out of range") from None
+    if not value <= MAX_EXP:  # also NaN
+        raise Unauthorized("the token's exp is out of range")
+    return value
 
 
 def _jwt_header(token: str) -> dict[str, Any] | None:

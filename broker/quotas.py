@@ -34,6 +34,7 @@ from broker.backends.base import Quotas as QuotaStore
 from broker.config import Settings
 from broker.errors import BackendUnavailable, OverQuota, PublishRateLimited, raise_if_cancelled
 from broker.protocol import jsonrpc as rpc
+from broker.tenants import tenant_problem
 
 __all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_error", "quota_problems"]
 
@@ -84,15 +85,20 @@ class TenantQuotas:
     @classmethod
     def from_settings(cls, settings: Settings) -> TenantQuotas:
         """Raises ValueError, one line naming the setting and what to write, for a bad ``MCP_BROKER_QUOTAS``."""
-        return cls.parse(settings.quotas, configured_tenants(settings))
+        # Runtime keys and OAuth tokens name tenants no setting lists: any valid name may have a quota.
+        dynamic = bool(settings.auth_methods & {"keys", "oauth"})
+        return cls.parse(settings.quotas, None if dynamic else configured_tenants(settings))
 
     @classmethod
-    def parse(cls, raw: Any, tenants: set[str]) -> TenantQuotas:
+    def parse(cls, raw: Any, tenants: set[str] | None) -> TenantQuotas:
+        """``tenants``: the only tenants there can be (None: any valid name, as tokens and stored keys bring)."""
         if not isinstance(raw, dict):
             raise ValueError(f"MCP_BROKER_QUOTAS: write a JSON object of tenant to limits, e.g. {EXAMPLE}")
         given: dict[str, dict[str, int]] = {}
         for tenant, limits in raw.items():
-            if tenant != "default" and tenant not in tenants:
+            if tenant != "default" and tenants is None and (problem := tenant_problem(tenant)) is not None:
+                raise ValueError(f"MCP_BROKER_QUOTAS: {problem}; write a tenant name, or \"default\"")
+            if tenant != "default" and tenants is not None and tenant not in tenants:
                 known = ", ".join(sorted(tenants)) or "none"
                 raise ValueError(f"MCP_BROKER_QUOTAS: {tenant!r} is not a configured tenant (configured: {known}); "
                                  "write one of them, or \"default\" for every tenant without an entry")

@@ -5,13 +5,15 @@ the record), subscribed to every URI of the filter *before* the stream starts, s
 published from the moment its subscriptions exist waits in its inbox: the ack follows that
 moment, and nothing after it is missed. A resumption names the session and a position in the
 last event id it received; the same principal with the same filter continues from there (the
-legacy stream's replay, then live). Anything else, or an id of a session that has expired, gets
-a new listen that starts with the gap rule: the client re-reads what it watches and loses
+legacy stream's replay, then live), and with another filter keeps its session, refiltered, and
+starts with the gap rule. An id of a session that has expired or is another principal's gets a
+new listen that starts with the gap rule: the client re-reads what it watches and loses
 nothing, and never sees a frame of a session that is not its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -21,15 +23,18 @@ from broker.backends.types import SessionRecord
 from broker.delivery.legacy import LegacyServices
 from broker.delivery.resumable import FILTER, LAST_EVENT_ID, ResumableListen, parse_listen_id
 from broker.delivery.stream import StreamMetrics
-from broker.errors import SessionNotFound
+from broker.errors import OverQuota, SessionNotFound
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonrpc import Id
+from broker.quotas import TenantQuotas
 from broker.sessions import Sessions
 
 __all__ = ["ResumableListens", "last_event_id"]
 
 #: The protocol version a listen's session records (it is never initialized as a legacy one).
 LISTEN_VERSION = "2026-07-28"
+#: Subscriptions of a new listen's session sent at once (each is its own atomic step in the store).
+SUBSCRIBE_CHUNK = 64
 
 
 def last_event_id(params: dict[str, Any], header: str | None) -> str | None:
@@ -51,12 +56,14 @@ class ResumableListens:
     """Opens resumable listens on the legacy sessions' stores and streams."""
 
     def __init__(self, sessions: Sessions, subscriptions: SubscriptionIndex, services: LegacyServices,
-                 metrics: StreamMetrics, server_meta: dict[str, Any]) -> None:
-        """``metrics``: the listens' (their streams count as 2026-07-28's, not as legacy GET streams)."""
+                 metrics: StreamMetrics, server_meta: dict[str, Any], quotas: TenantQuotas | None = None) -> None:
+        """``metrics``: the listens' (their streams count as 2026-07-28's, not as legacy GET streams).
+        ``quotas``: the tenants' ``subscriptions`` quota, which a listen's session is held to."""
         self.sessions = sessions
         self.subscriptions = subscriptions
         self.services = replace(services, metrics=metrics)
         self.server_meta = server_meta
+        self.quotas = quotas or TenantQuotas()
 
     async def open(self, principal: Principal, request_id: Id, uris: list[str], list_changed: bool,
                    ack: dict[str, Any], resume_from: str | None, *, stdio: bool = False) -> ResumableListen:
@@ -64,10 +71,15 @@ class ResumableListens:
 
         Raises:
             RpcError: -32602 (400) for an id this broker never issues.
-            LimitExceeded, OverQuota: a new listen's session is over the sessions' limits.
+            LimitExceeded, OverQuota: a new listen's session is over the sessions' limits, or its
+                filter over the tenant's ``subscriptions`` quota (nothing is created then).
         """
         watched = sorted(set(uris))
         wanted: dict[str, Any] = {"uris": watched, "listChanged": list_changed}
+        quota = self.quotas.of(principal.tenant).subscriptions
+        if quota is not None and len(watched) > quota:
+            raise OverQuota("subscriptions", principal.tenant, quota, 5,
+                            f"tenant {principal.tenant!r} listens may watch {quota} URIs each (its quota)")
         session: SessionRecord | None = None
         cursor: int | None = None
         resync = False
@@ -80,19 +92,38 @@ class ResumableListens:
             try:
                 found: SessionRecord | None = await self.sessions.load(session_id, principal)
             except SessionNotFound:
-                found = None
-            if found is not None and found.client_capabilities.get(FILTER) == wanted:
+                found = None  # expired, or another principal's: a new listen, and the gap rule
+            if found is not None and FILTER in found.client_capabilities:
                 session = found
-                # A position of another data generation: the gap rule, never "replay everything".
-                resync = epoch != found.epoch
+                if found.client_capabilities[FILTER] != wanted:
+                    # The principal's own listen, with another filter: it is kept, refiltered, and
+                    # starts with the gap rule, rather than a new session left behind for each change.
+                    await self._refilter(found, wanted)
+                    resync = True
+                else:
+                    # A position of another data generation: the gap rule, never "replay everything".
+                    resync = epoch != found.epoch
                 cursor = 0 if resync else offset
             else:
-                resync = True  # expired, another principal's, another filter: a new listen, and the gap rule
+                resync = True
         if session is None:
             session = await self.sessions.create(principal, LISTEN_VERSION, {}, {FILTER: wanted})
-            for uri in watched:
-                await self.subscriptions.add(session.id, session.tenant, uri)
+            await self._subscribe(session, watched)
         listen = ResumableListen(self.services, session, cursor, resync=resync, request_id=request_id, ack=ack,
                                  list_changed=list_changed, server_meta=self.server_meta, stdio=stdio)
         listen.bind(principal.credential, principal.expires_at)
         return listen
+
+    async def _refilter(self, session: SessionRecord, wanted: dict[str, Any]) -> None:
+        old = set(session.client_capabilities[FILTER]["uris"])
+        new = set(wanted["uris"])
+        await self.sessions.store.update(session.id, client_capabilities={FILTER: wanted})
+        session.client_capabilities = {FILTER: wanted}
+        await asyncio.gather(*(self.subscriptions.remove(session.id, session.tenant, uri) for uri in old - new))
+        await self._subscribe(session, sorted(new - old))
+
+    async def _subscribe(self, session: SessionRecord, uris: list[str]) -> None:
+        """Subscribe ``session`` to ``uris``, a chunk of them at a time in flight (one round trip each on Redis)."""
+        for start in range(0, len(uris), SUBSCRIBE_CHUNK):
+            await asyncio.gather(*(self.subscriptions.add(session.id, session.tenant, uri)
+                                   for uri in uris[start:start + SUBSCRIBE_CHUNK]))

@@ -28,6 +28,7 @@ from broker.config import Settings
 from broker.delivery import Hub, LegacyServices, ListenIndex, StreamMetrics, Streams
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, raise_if_cancelled
+from broker.events.service import Events
 from broker.fanout import Fanout
 from broker.health import Health
 from broker.keys import KeyAdmin, StoredKeys
@@ -155,7 +156,12 @@ class Broker:
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
-        resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info})
+        #: The events extension (experimental): its methods, and this worker's webhook deliveries.
+        self.events = Events(settings, self.methods, self.sessions, index, backend.inboxes, backend.webhooks,
+                             backend.leases, backend.sessions.touch)
+        self.events.install(self.methods)
+        resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info},
+                                      self.quotas.quotas)
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
                                      max_response_bytes=settings.max_response_bytes, quotas=self.quotas,
@@ -216,6 +222,7 @@ class Broker:
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
         self._tasks.append(asyncio.create_task(self.quotas.run(), name="quota-leases"))
+        self._tasks.append(asyncio.create_task(self.events.delivery.run(), name="webhook-delivery"))
         if self.metrics is not NO_METRICS:
             self._tasks.append(asyncio.create_task(self._count_sessions(), name="sessions-count"))
         self.started = True

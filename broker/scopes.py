@@ -21,7 +21,7 @@ __all__ = ["ADMIN", "METHOD_SCOPES", "PUBLISH", "READ", "SUBSCRIBE", "WRITE", "I
 
 #: Read resources: list, read, templates (MCP), and records and collections (REST).
 READ: Final = "resources:read"
-#: Watch resources: subscribe, unsubscribe, the legacy GET stream, ``subscriptions/listen``.
+#: Watch resources: subscribe, unsubscribe, the legacy GET stream, ``subscriptions/listen``, ``events/*``.
 SUBSCRIBE: Final = "resources:subscribe"
 #: Write records: PUT, PATCH, DELETE (each write also publishes its change).
 WRITE: Final = "records:write"
@@ -38,6 +38,10 @@ METHOD_SCOPES: Final = {
     "resources/subscribe": SUBSCRIBE,
     "resources/unsubscribe": SUBSCRIBE,
     "subscriptions/listen": SUBSCRIBE,
+    "events/list": SUBSCRIBE,
+    "events/poll": SUBSCRIBE,
+    "events/subscribe": SUBSCRIBE,
+    "events/unsubscribe": SUBSCRIBE,
 }
 
 

@@ -12,6 +12,7 @@ A backend is a handful of small stores, one per concern, each its own protocol:
 ``leases``        ``Leases``: named cluster-wide leases (a change source on one worker)
 ``credentials``   ``Credentials``: runtime API keys, stored as their digest only
 ``quotas``        ``Quotas``: per-tenant leases (open streams, listens) and publish token buckets
+``webhooks``      ``Webhooks``: webhook subscriptions (events extension) and their dead letters
 ================  =================================================================
 
 Two implementations exist: ``memory`` (one process, the embedded default and the reference
@@ -32,6 +33,7 @@ from broker.backends.types import (
     BroadcastBatchHandler,
     BroadcastHandler,
     BroadcastLostHandler,
+    DeadLetter,
     Frame,
     InboxRead,
     KeyRecord,
@@ -40,6 +42,7 @@ from broker.backends.types import (
     StreamStart,
     Wake,
     WakeHandler,
+    WebhookRecord,
 )
 from broker.changes import Change
 
@@ -53,6 +56,7 @@ __all__ = [
     "BroadcastLostHandler",
     "ChangeLog",
     "Credentials",
+    "DeadLetter",
     "Frame",
     "InboxRead",
     "Inboxes",
@@ -67,6 +71,8 @@ __all__ = [
     "SubscriptionIndex",
     "Wake",
     "WakeHandler",
+    "WebhookRecord",
+    "Webhooks",
 ]
 
 
@@ -292,6 +298,56 @@ class Quotas(Protocol):
         there, nothing taken."""
 
 
+class Webhooks(Protocol):
+    """Webhook subscriptions (``broker.events``) by id, and a bounded list of dead letters.
+
+    Updates of an existing record (``refresh``, ``advance``, ``fail``) change only their own
+    fields, in one step, and do nothing for a record that is gone: a refresh never puts back a
+    cursor the delivering worker moved on, and a delivery never revives a removed subscription.
+    """
+
+    async def create(self, record: WebhookRecord, most: int, tenant_most: int | None = None) -> bool:
+        """Store a new subscription; False, changing nothing, when one with its id exists.
+
+        Raises:
+            LimitExceeded: ``most`` subscriptions exist (the deployment's bound).
+            OverQuota: ``tenant_most`` (when not None) of ``record.tenant``'s exist (its ``webhooks`` quota).
+            Both are counted in the same atomic step as the create; nothing changes then.
+        """
+
+    async def get(self, subscription_id: str) -> WebhookRecord | None: ...
+
+    async def page(self, after: str, limit: int) -> list[WebhookRecord]:
+        """Up to ``limit`` subscriptions in ascending id order, strictly after ``after`` ('' for the start)."""
+
+    async def refresh(self, subscription_id: str, expires_at: float, secret: str, credential: str | None) -> bool:
+        """A new lease, secret and credential; False when the subscription is gone."""
+
+    async def advance(self, subscription_id: str, since: tuple[str, str], session: str, epoch: str, offset: int,
+                      delivered_at: float | None, *, gap: bool = False) -> bool:
+        """Store the delivery position and whether a gap notice is owed from it, only while the record is
+        still at ``since`` (session, epoch): False, changing nothing, for one that moved on or is gone.
+        With ``delivered_at``, also the last delivery, clearing the last error."""
+
+    async def fail(self, subscription_id: str, error: str, at: float) -> bool:
+        """Record a failed attempt: its category, and since when deliveries fail (the first failure's time stays)."""
+
+    async def remove(self, subscription_id: str, *, expired_by: float | None = None,
+                     credential: str | None = None) -> str | None:
+        """Forget a subscription; the hidden session it had, or None when unknown (or a condition failed).
+
+        ``expired_by``: only if its lease expires at or before then; ``credential``: only if it is
+        still bound to that credential. Both are checked in the step that removes it, so a refresh
+        that came in since the caller read the record keeps it.
+        """
+
+    async def dead_letter(self, entry: DeadLetter, keep: int) -> None:
+        """Add an entry, keeping only the newest ``keep``."""
+
+    async def dead_letters(self, limit: int) -> list[DeadLetter]:
+        """The newest ``limit`` entries, newest first."""
+
+
 class Backend(Protocol):
     """One backend: its stores, and the lifecycle they share (one connection pool, one epoch)."""
 
@@ -304,6 +360,7 @@ class Backend(Protocol):
     leases: Leases
     credentials: Credentials
     quotas: Quotas
+    webhooks: Webhooks
 
     async def start(self) -> None:
         """Connect and agree on the data generation. Raises ``BackendUnavailable``."""

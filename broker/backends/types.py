@@ -26,6 +26,7 @@ __all__ = [
     "CLOSE_ALL",
     "BroadcastBatchHandler",
     "BroadcastFilter",
+    "DeadLetter",
     "BroadcastHandler",
     "BroadcastLostHandler",
     "Frame",
@@ -38,6 +39,7 @@ __all__ = [
     "Wake",
     "WakeHandler",
     "WakeKind",
+    "WebhookRecord",
     "change_position",
     "inbox_gap",
     "record_quota_message",
@@ -153,6 +155,9 @@ class KeyRecord:
     created_at: float
     expires_at: float | None = None
     revoked_at: float | None = None
+    #: The key whose holder made this one through the admin API (None: the operator, or an OAuth
+    #: token): revoking that key revokes this one too.
+    created_by: str | None = None
 
     def valid(self, now: float) -> bool:
         """Not revoked and not expired at ``now``."""
@@ -277,3 +282,51 @@ def record_quota_message(settings: Settings, *, count: bool) -> str:
     if count:
         return f"the tenant's record quota is reached: at most {settings.max_records_per_tenant} records"
     return f"the tenant's record quota is reached: at most {settings.max_record_bytes_per_tenant} bytes of records"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRecord:
+    """A webhook subscription of the events extension (``broker.events``), as ``Webhooks`` stores it.
+
+    ``id`` is derived from (principal, url, name, arguments), so a second subscribe of the same
+    key finds it. Deliveries read the hidden ``session``'s inbox after ``offset`` (of data
+    generation ``epoch``): everything up to it was delivered or dead-lettered. Times are Unix
+    seconds; ``secret`` is the client's ``whsec_`` value, needed to sign every delivery.
+    """
+
+    id: str
+    tenant: str
+    principal: str
+    name: str
+    arguments: dict[str, Any]
+    url: str
+    secret: str
+    session: str
+    epoch: str
+    offset: int
+    expires_at: float
+    created_at: float
+    delivered_at: float | None = None
+    #: A category (``timeout``, ``http_5xx``, ...), never the endpoint's own words.
+    last_error: str | None = None
+    failed_since: float | None = None
+    #: The stored API key the subscriber called with (``Principal.credential``): revoked, the subscription ends.
+    credential: str | None = None
+    #: A gap notice is owed from ``offset``: stored with the position it starts from, cleared once it was
+    #: acknowledged, so a worker that stops halfway leaves it to the next one.
+    gap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An event a webhook subscription gave up on, kept (boundedly) for an operator to inspect."""
+
+    subscription: str
+    tenant: str
+    url: str
+    event_id: str
+    #: The delivery's JSON body, as it was sent.
+    body: str
+    attempts: int
+    error: str
+    at: float

@@ -208,12 +208,13 @@ class McpEndpoint:
                 # A cursor from another data generation: the gap rule, never "replay everything".
                 resync, cursor = True, 0
         version = version_header or session.protocol_version or DEFAULT_LEGACY
-        stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS,
-                                               principal=principal)
         try:
             release = await self.dispatcher.stream_lease(session)
         except rpc.RpcError as exc:
             return rpc_error(exc)
+        # Made once its place is held: a stream bound to its credential holds a timer until it runs.
+        stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS,
+                                               principal=principal)
         if release is not None:  # the tenant's streams quota: its place goes back however the stream ends
             return _ListenResponse(stream.run, stream.disconnect, lambda: release(stream.ended), retry_ms=self.retry_ms)
         # Bound methods rather than closures: nothing else per stream to keep for its lifetime.

@@ -94,6 +94,42 @@ async def test_revoking_answers_the_revoked_record_then_409_and_the_key_stops(ht
             raise AssertionError("the revoked key kept working")
 
 
+async def until_refused(base_url: str, key: str) -> None:
+    """Wait (within the key cache's 2 s) until ``key`` gets 401."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as other:
+        for _ in range(200):
+            if (await other.get("/collections", headers=bearer(key))).status_code == 401:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("the key kept working")
+
+
+async def test_keys_made_with_a_key_are_revoked_with_it_at_any_depth(http: httpx.AsyncClient) -> None:
+    """Whoever holds an admin key cannot keep access by minting a child (and a grandchild) first."""
+    parent = await make(http, scopes=["resources:read", "keys:admin"])
+    child = (await http.post("/admin/keys", json={"subject": "c", "scopes": ["resources:read", "keys:admin"]},
+                             headers=bearer(parent["key"]))).json()
+    assert child["created_by"] == parent["id"]
+    grandchild = (await http.post("/admin/keys", json={"subject": "g", "scopes": ["resources:read"]},
+                                  headers=bearer(child["key"]))).json()
+    bystander = await make(http, scopes=["resources:read"])
+    assert (await http.delete(f"/admin/keys/{parent['id']}")).status_code == 200
+    for made in (child, grandchild):
+        assert (await http.get(f"/admin/keys/{made['id']}")).json()["state"] == "revoked"
+        await until_refused(str(http.base_url), made["key"])
+    assert (await http.get(f"/admin/keys/{bystander['id']}")).json()["state"] == "active"
+
+
+async def test_a_key_made_with_an_expiring_key_expires_no_later(http: httpx.AsyncClient) -> None:
+    parent = await make(http, scopes=["resources:read", "keys:admin"], expires_in="10m")
+    child = (await http.post("/admin/keys", json={"subject": "c", "scopes": ["resources:read"]},
+                             headers=bearer(parent["key"]))).json()
+    assert child["expires_at"] == parent["expires_at"]  # asked for no expiry: capped at its maker's
+    longer = (await http.post("/admin/keys", json={"subject": "c", "scopes": ["resources:read"], "expires_in": "1d"},
+                              headers=bearer(parent["key"]))).json()
+    assert longer["expires_at"] == parent["expires_at"]
+
+
 async def test_a_tenant_admin_manages_only_its_own_tenant(env: dict[str, str], http: httpx.AsyncClient,
                                                           tenant: str) -> None:
     stranger = create_key(env, f"o{secrets.token_hex(3)}", "bob")

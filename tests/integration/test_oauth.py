@@ -34,12 +34,15 @@ from tests.support import BrokerProcess, free_port, wait_until
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
 
 TIMEOUT = 10.0
+#: Seconds of clock skew the broker allows: a token is accepted, and its streams last, until exp plus this.
+LEEWAY = 2
 SCOPES = ["resources:read", "resources:subscribe", "records:write", "changes:publish", "keys:admin"]
 
 
 def oauth_env(issuer: str, audience: str, **extra: str) -> dict[str, str]:
     return {"MCP_BROKER_OAUTH_ISSUER": issuer, "MCP_BROKER_OAUTH_AUDIENCE": audience,
             "MCP_BROKER_API_KEYS": '{"static-key": "acme/robot"}', "MCP_BROKER_OAUTH_JWKS_REFRESH_INTERVAL": "0.2",
+            "MCP_BROKER_OAUTH_LEEWAY": str(LEEWAY),
             "MCP_BROKER_OAUTH_INTROSPECTION": "true", "MCP_BROKER_OAUTH_CLIENT_ID": INTROSPECTOR[0],
             "MCP_BROKER_OAUTH_CLIENT_SECRET": INTROSPECTOR[1], **extra}
 
@@ -299,7 +302,8 @@ async def test_the_token_scopes_are_the_principal_scopes(broker: BrokerProcess, 
 
 async def test_streams_end_when_their_token_expires(authority: Authority, http: httpx.AsyncClient) -> None:
     """A legacy GET stream ends with ``retry:`` (the client comes back with a fresh token), a listen
-    with its ``complete`` result, both within a few seconds of the token's ``exp``."""
+    with its ``complete`` result, both within a few seconds of when the broker stops accepting the
+    token (its ``exp`` plus the leeway)."""
     name = tenant()
     expires = int(time.time()) + 3
     token = authority.mint(name, exp=expires)
@@ -309,7 +313,7 @@ async def test_streams_end_when_their_token_expires(authority: Authority, http: 
     async with session.stream() as stream, modern.listen(http, [uri], auth=token) as listen:
         assert (await listen.next())["method"] == "notifications/subscriptions/acknowledged"  # type: ignore[index]
         final = None
-        async with asyncio.timeout(expires - time.time() + 5):
+        async with asyncio.timeout(expires + LEEWAY - time.time() + 5):
             while True:
                 try:
                     final = await stream.next_event(timeout=30)
@@ -324,4 +328,4 @@ async def test_streams_end_when_their_token_expires(authority: Authority, http: 
     assert final is not None and final.retry is not None and final.id is None and not final.data, final
     assert last is not None and last["result"]["resultType"] == "complete", last
     for ended in (legacy_ended, listen_ended):
-        assert expires - 1 <= ended <= expires + 5, (ended, expires)
+        assert expires + LEEWAY - 1 <= ended <= expires + LEEWAY + 5, (ended, expires)

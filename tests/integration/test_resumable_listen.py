@@ -62,6 +62,7 @@ async def test_a_dropped_listen_resumes_with_every_missed_uri_then_goes_live(htt
         assert first.method == UPDATED and first.uri == watched[0] and first.id is not None
         params = first.message["params"] if first.message else {}
         assert params["_meta"]["io.modelcontextprotocol/subscriptionId"] == "listen-1"
+        assert "dev.mcp-broker/eventId" not in params["_meta"]  # over HTTP the id is the SSE id alone
         last = events.last_id
     # The stream is gone; these wait in the listen's inbox.
     await publish(http, watched[1], watched[2], auth=A)
@@ -121,13 +122,21 @@ async def test_another_principals_id_gets_the_gap_rule_never_their_frames(http: 
         assert await events.updates(2) == [secret, secret]  # and Alice's is intact: replayed, then live
 
 
-async def test_another_filter_gets_the_gap_rule(http: httpx.AsyncClient) -> None:
+async def test_another_filter_keeps_the_listen_refiltered_with_the_gap_rule(http: httpx.AsyncClient) -> None:
     async with open_listen(http, [uri(50)], auth=A) as events:
         last = events.last_id
     assert last is not None
     await publish(http, uri(50), auth=A)
-    got = await _gap_rule(http, [uri(51)], last, A)
-    assert [e.uri for e in got] == [uri(51)]
+    async with open_listen(http, [uri(51)], last_id=last, auth=A) as events:
+        assert events.ack_meta["dev.mcp-broker/resumed"] is False
+        assert await events.updates(1) == [uri(51)]  # the gap rule, for the new filter only
+        refiltered = events.last_id
+    assert refiltered is not None and refiltered.split(":")[0] == last.split(":")[0]  # the same state, kept
+    await publish(http, uri(50), uri(51), auth=A)
+    async with open_listen(http, [uri(51)], last_id=refiltered, auth=A) as events:
+        await publish(http, uri(51), auth=A)
+        # What followed, for the new filter only: uri(50) is no longer watched.
+        assert await events.updates(2) == [uri(51), uri(51)]
 
 
 async def test_list_changes_are_sent_only_when_the_filter_asks(http: httpx.AsyncClient) -> None:
@@ -157,3 +166,18 @@ async def test_the_ack_of_a_resumable_listen_names_the_filter(http: httpx.AsyncC
         assert ack.method == ACK and ack.message is not None
         assert ack.message["params"]["notifications"]["resourceSubscriptions"] == [uri(80)]
 
+
+
+async def test_a_resumable_listen_is_held_to_the_tenant_subscriptions_quota() -> None:
+    """Its state is a session: its filter may watch no more URIs than the tenant's sessions may."""
+    env = {"MCP_BROKER_API_KEYS": json.dumps(KEYS), "MCP_BROKER_QUOTAS": '{"default": {"subscriptions": 2}}'}
+    with BrokerProcess(env=env) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=10) as http:
+            headers = modern.headers("subscriptions/listen", auth=A)
+            body = orjson.dumps(listen_body([uri(90), uri(91), uri(92)]))
+            refused = await http.post("/mcp", content=body, headers=headers)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["data"]["limit"] == "subscriptions"
+            async with open_listen(http, [uri(90), uri(91)], auth=A) as events:
+                await publish(http, uri(91), auth=A)
+                assert await events.updates(1) == [uri(91)]

@@ -3,6 +3,7 @@ is reached through httpx's ASGI transport, and the key set's clock is a fake one
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -70,7 +71,7 @@ async def test_a_valid_token_becomes_its_principal_with_scopes_and_expiry(
         principal = await tokens.verify(authority.mint(kid=kid, **claims))
         assert principal == Principal("acme", "svc-1")
         assert principal.scopes == {"resources:read", "changes:publish"}
-        assert principal.expires_at == claims["exp"]
+        assert principal.expires_at == claims["exp"] + 30.0  # accepted until exp plus the leeway: streams too
 
 
 @pytest.mark.parametrize(("claims", "expected"), [
@@ -174,6 +175,36 @@ async def test_opaque_tokens_are_introspected_checked_and_cached(
                 authority.opaque(iss="http://other.test"), authority.opaque(exp=1), authority.opaque(tenant=None)):
         with pytest.raises(Unauthorized):
             await tokens.verify(bad)
+
+
+async def test_a_refused_token_is_remembered_and_one_token_is_asked_about_once_at_a_time(
+        wired: tuple[OAuthTokens, Counting, Clock], authority: Authority) -> None:
+    """Made-up tokens sent again and again, or many at once, do not each become a question to the server."""
+    tokens, transport, _ = wired
+    bad = authority.opaque(active=False)
+    for _ in range(5):
+        with pytest.raises(Unauthorized):
+            await tokens.verify(bad)
+    assert transport.paths.count("/introspect") == 1
+    good = authority.opaque(tenant="globex", sub="carol")
+    answers = await asyncio.gather(*(tokens.verify(good) for _ in range(20)))
+    assert set(answers) == {Principal("globex", "carol")}
+    assert transport.paths.count("/introspect") == 2
+
+
+@pytest.mark.parametrize("exp", ["99999999999", True, 1e12])
+async def test_an_exp_that_is_not_a_time_is_refused_not_a_crash(wired: tuple[OAuthTokens, Counting, Clock],
+                                                                authority: Authority, exp: object) -> None:
+    tokens, _, _ = wired
+    with pytest.raises(Unauthorized):
+        await tokens.verify(authority.opaque(exp=exp))
+
+
+async def test_a_signed_exp_too_large_for_a_float_is_refused_not_a_crash(
+        wired: tuple[OAuthTokens, Counting, Clock], authority: Authority) -> None:
+    tokens, _, _ = wired
+    with pytest.raises(Unauthorized, match="out of range"):
+        await tokens.verify(authority.mint(exp=10**400))
 
 
 async def test_stored_keys_and_opaque_tokens_without_introspection_are_not_oauths(authority: Authority) -> None:

@@ -20,7 +20,7 @@ def test_a_tenant_entry_overrides_default_limit_by_limit_and_absent_limits_are_u
 
 
 @pytest.mark.parametrize(("value", "says"), [
-    ('{"nobody": {"sessions": 1}}', "'nobody' is not a configured tenant"),
+    ('{"not a name": {"sessions": 1}}', "MCP_BROKER_QUOTAS: tenant"),
     ('{"acme": {"session": 1}}', "'session' (tenant 'acme') is not a limit; write one of sessions"),
     ('{"acme": {"sessions": -1}}', "acme.sessions is -1; write a whole number"),
     ('{"acme": {"sessions": 1.5}}', "acme.sessions is 1.5; write a whole number"),
@@ -45,3 +45,18 @@ def test_configured_tenants_and_default_are_accepted(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MCP_BROKER_API_KEYS", KEYS)
     monkeypatch.setenv("MCP_BROKER_QUOTAS", '{"default": {"sessions": 5}, "other": {"listens": 0}}')
     assert _settings_problems() == []
+
+
+def test_with_stored_keys_or_oauth_any_valid_tenant_may_have_a_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runtime keys and tokens bring tenants no setting names: their quotas must be writable."""
+    monkeypatch.setenv("MCP_BROKER_AUTH", "keys")
+    monkeypatch.setenv("MCP_BROKER_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("MCP_BROKER_QUOTAS", '{"newcomer": {"sessions": 5}}')
+    assert _settings_problems() == []
+
+
+def test_anonymous_quotas_name_only_the_tenants_there_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without credentials every caller is the default tenant: another name is a typo, said at start."""
+    monkeypatch.setenv("MCP_BROKER_QUOTAS", '{"nobody": {"sessions": 1}}')
+    problems = _settings_problems()
+    assert len(problems) == 1 and "'nobody' is not a configured tenant" in problems[0], problems

@@ -25,6 +25,7 @@ from broker.backends.base import (
     RecordStore,
     SessionStore,
     SubscriptionIndex,
+    Webhooks,
 )
 from broker.backends.memory.broadcast import MemoryBroadcast
 from broker.backends.memory.changelog import MemoryChangeLog
@@ -36,6 +37,7 @@ from broker.backends.memory.records import MemoryRecords
 from broker.backends.memory.sessions import MemorySessions
 from broker.backends.memory.state import SessionState
 from broker.backends.memory.subscriptions import MemorySubscriptions
+from broker.backends.memory.webhooks import MemoryWebhooks
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics
 
@@ -61,6 +63,7 @@ class MemoryBackend:
         self.leases: Leases = MemoryLeases()
         self.credentials: Credentials = MemoryCredentials()
         self.quotas: Quotas = MemoryQuotas()
+        self.webhooks: Webhooks = MemoryWebhooks()
         self._changelog = changelog
 
     async def start(self) -> None:

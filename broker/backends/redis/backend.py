@@ -15,6 +15,7 @@ store              module              what
 ``leases``         ``leases``          named leases; also each fan-out consumer's partition share
 ``quotas``         ``quotas``          per-tenant places (streams, listens) and publish buckets
 ``credentials``    ``credentials``     runtime API keys: records by id, found by digest
+``webhooks``       ``webhooks``        webhook subscriptions (events extension), dead letters
 =================  ==================  ===========================================================
 
 Beside them: ``keys`` (every key and channel), ``epoch`` (the data generation the session,
@@ -47,6 +48,7 @@ from broker.backends.base import (
     RecordStore,
     SessionStore,
     SubscriptionIndex,
+    Webhooks,
 )
 from broker.backends.redis.broadcast import RedisBroadcast
 from broker.backends.redis.changelog import RedisChangeLog
@@ -63,6 +65,7 @@ from broker.backends.redis.sessions import RedisSessions
 from broker.backends.redis.subscriptions import RedisSubscriptions
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
+from broker.backends.redis.webhooks import RedisWebhooks
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics
 
@@ -106,6 +109,7 @@ class RedisBackend:
         self.leases: Leases = RedisLeases(self.redis, self.keys, scripts)
         self.credentials: Credentials = RedisCredentials(self.redis, self.keys)
         self.quotas: Quotas = RedisQuotas(self.redis, self.keys, scripts)
+        self.webhooks: Webhooks = RedisWebhooks(self.redis, settings.redis_prefix)
 
     async def start(self) -> None:
         """Connect, agree on the epoch, create the fan-out group, detect sharded pub/sub.

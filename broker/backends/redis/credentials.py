@@ -5,7 +5,8 @@ record, the digest -> id entry and both id indexes in one atomic step (a Cluster
 slot: keys are few, written by hand, and read once per worker per cache period), and
 ``credential_revoke.lua`` revokes a key once. Fields: ``h`` digest, ``t`` tenant, ``s`` subject,
 ``sc`` scopes (space separated), ``c`` created, ``e`` expires (absent: never), ``r`` revoked
-(absent: not revoked); times as ``repr`` of their float, so they read back exactly.
+(absent: not revoked), ``b`` the id of the key that made it (absent: the operator); times as
+``repr`` of their float, so they read back exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def _fields(record: KeyRecord) -> list[str]:
         fields += ["e", repr(record.expires_at)]
     if record.revoked_at is not None:
         fields += ["r", repr(record.revoked_at)]
+    if record.created_by is not None:
+        fields += ["b", record.created_by]
     return fields
 
 
@@ -42,7 +45,7 @@ def _record(key_id: str, raw: Mapping[Any, Any]) -> KeyRecord | None:
     return KeyRecord(id=key_id, digest=fields["h"], tenant=fields["t"], subject=fields["s"],
                      scopes=tuple(fields["sc"].split()), created_at=float(fields["c"]),
                      expires_at=None if expires is None else float(expires),
-                     revoked_at=None if revoked is None else float(revoked))
+                     revoked_at=None if revoked is None else float(revoked), created_by=fields.get("b"))
 
 
 class RedisCredentials:

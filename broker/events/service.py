@@ -1,0 +1,50 @@
+"""The events extension assembled: its four methods for ``Methods.extend``, and the worker's delivery task."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from broker.backends.base import Inboxes, Leases, SubscriptionIndex, Webhooks
+from broker.config import Settings
+from broker.events.callbacks import Callbacks
+from broker.events.delivery import WebhookDelivery
+from broker.events.model import EVENTS, event_type
+from broker.events.poll import EventPolls
+from broker.events.state import EventSessions
+from broker.events.subscribe import WebhookSubscriptions
+from broker.methods import Call, Handler, Methods
+from broker.protocol import jsonrpc as rpc
+from broker.sessions import Sessions
+
+__all__ = ["Events"]
+
+
+class Events:
+    """``events/list``, ``events/poll``, ``events/subscribe``, ``events/unsubscribe``, and webhook delivery."""
+
+    def __init__(self, settings: Settings, methods: Methods, sessions: Sessions, subscriptions: SubscriptionIndex,
+                 inboxes: Inboxes, store: Webhooks, leases: Leases,
+                 touch: Callable[[Sequence[str]], Awaitable[None]]) -> None:
+        self.settings = settings
+        state = EventSessions(sessions, subscriptions)
+        self.callbacks = Callbacks(settings)
+        self.polls = EventPolls(settings, methods, state, inboxes)
+        self.webhooks = WebhookSubscriptions(settings, methods, state, sessions, store, self.callbacks)
+        self.delivery = WebhookDelivery(settings, store, leases, inboxes, state, self.webhooks, self.callbacks, touch)
+        # The draft: an unauthenticated server may offer poll, not webhooks.
+        self.modes = ["poll", "webhook"] if self.webhooks.authenticated else ["poll"]
+
+    def install(self, methods: Methods) -> None:
+        handlers: dict[str, Handler] = {
+            "events/list": self._list,
+            "events/poll": self.polls.poll,
+            "events/subscribe": self.webhooks.subscribe,
+            "events/unsubscribe": self.webhooks.unsubscribe,
+        }
+        methods.extend(handlers, {EVENTS: {"listChanged": False, "experimental": True}})
+
+    async def _list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("cursor") is not None:  # one page holds every event type: no cursor is ever issued
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]}, status=400)
+        return {"events": [event_type(self.modes, self.settings.max_listen_uris)]}

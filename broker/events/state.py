@@ -1,0 +1,82 @@
+"""The state behind a poll or a webhook subscription: a hidden session, as a resumable listen keeps.
+
+The session is created bound to the principal, with what it serves (``wanted``: the event name,
+its canonical arguments, the mode) in its record, and subscribed to every URI of the arguments
+before its first cursor is handed out, so fan-out fills its inbox from that moment on with no
+code of its own. It expires like a legacy session, ``session_ttl`` after it was last touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.auth import Principal
+from broker.backends.base import SubscriptionIndex
+from broker.backends.types import SessionRecord
+from broker.errors import LimitExceeded, OverQuota, SessionNotFound
+from broker.events.model import EXHAUSTED, RESOURCE_UPDATED, STATE, not_found
+from broker.methods import Call, Methods
+from broker.protocol import jsonrpc as rpc
+from broker.quotas import quota_error
+from broker.resume import LISTEN_VERSION
+from broker.sessions import Sessions
+
+__all__ = ["EventSessions", "wanted"]
+
+
+def wanted(methods: Methods, call: Call, params: dict[str, Any], mode: str) -> dict[str, Any]:
+    """What a request subscribes to, canonical: ``{"name", "arguments": {"uris": sorted}, "mode"}``.
+
+    Raises:
+        RpcError: -32602 (400) for a bad name or arguments (the URIs held to a listen filter's
+            rules); -32011 (404) for an event type the server does not have.
+    """
+    name = params.get("name")
+    if not isinstance(name, str):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a string", status=400)
+    if name != RESOURCE_UPDATED:
+        raise not_found(f"Unknown event: {name[:100]!r}; events/list names the one this server has", "event")
+    arguments = params.get("arguments")
+    if not isinstance(arguments, dict):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.arguments must be an object: {"uris": [...]}', status=400)
+    if unknown := sorted(set(arguments) - {"uris"}):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown arguments: {', '.join(unknown)[:200]}; known: uris",
+                           status=400)
+    uris = methods.watched_uris(call, arguments.get("uris"), "arguments.uris")
+    if not uris:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "arguments.uris must name at least one resource", status=400)
+    return {"name": name, "arguments": {"uris": sorted(uris)}, "mode": mode}
+
+
+class EventSessions:
+    """Creates and finds the hidden sessions of polls and webhook subscriptions."""
+
+    def __init__(self, sessions: Sessions, subscriptions: SubscriptionIndex) -> None:
+        self.sessions = sessions
+        self.subscriptions = subscriptions
+
+    async def create(self, principal: Principal, what: dict[str, Any]) -> SessionRecord:
+        """A new session serving ``what``, subscribed to its URIs.
+
+        Raises:
+            RpcError: -31002 (429) over the tenant's ``sessions`` quota; -32013 (503) when
+                ``max_sessions`` sessions are live.
+        """
+        try:
+            session = await self.sessions.create(principal, LISTEN_VERSION, {}, {STATE: what})
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
+        except LimitExceeded as exc:
+            raise rpc.RpcError(EXHAUSTED, "Too many sessions; retry later", {"limit": "sessions"}, status=503,
+                               retry_after=5) from exc
+        for uri in what["arguments"]["uris"]:
+            await self.subscriptions.add(session.id, session.tenant, uri)
+        return session
+
+    async def load(self, principal: Principal, session_id: str, what: dict[str, Any]) -> SessionRecord | None:
+        """The principal's live session serving ``what`` (its idle clock restarted); None for any other."""
+        try:
+            found = await self.sessions.load(session_id, principal)
+        except SessionNotFound:
+            return None
+        return found if found.client_capabilities.get(STATE) == what else None

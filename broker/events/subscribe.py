@@ -1,0 +1,181 @@
+"""``events/subscribe`` and ``events/unsubscribe``: webhook subscriptions, leased, keyed on who asks for what.
+
+A subscription is keyed on (principal, callback URL, event name, arguments); its ``id`` is
+derived from that key, so a second subscribe of the same key is a refresh (a new lease and
+secret, delivery goes on where it was) and returns the same id. The lease granted is the
+suggested ``ttlMs`` within [``webhook_min_ttl_ms``, ``webhook_max_ttl_ms``] (a ``ttlMs: null``
+asking for no expiry gets the longest, as the draft lets a server do); one not refreshed in
+time ends: any worker removes its record and its hidden session. Webhooks need an
+authenticated principal (the draft's rule: without one, anyone could unsubscribe anyone).
+
+A new subscription's callback must pass ``Callbacks.check``, and, unless it is allow-listed,
+the draft's verification handshake: a signed ``{"type": "verification", "challenge"}`` POST
+whose 2xx answer echoes the challenge, so nobody can make the broker flood a URL that never
+asked for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import time
+from typing import Any
+
+import orjson
+
+from broker.backends.base import Webhooks
+from broker.backends.types import WebhookRecord
+from broker.config import Settings
+from broker.delivery.resumable import format_listen_id
+from broker.events.callbacks import CallbackRefused, Callbacks, Target
+from broker.events.model import CALLBACK_ERROR, EXHAUSTED, FORBIDDEN, UNSUPPORTED, iso, not_found
+from broker.events.state import EventSessions, wanted
+from broker.methods import Call, Methods
+from broker.protocol import jsonrpc as rpc
+from broker.sessions import Sessions
+
+__all__ = ["WebhookSubscriptions", "subscription_id"]
+
+
+def subscription_id(principal: str, url: str, name: str, arguments: dict[str, Any]) -> str:
+    key = orjson.dumps([principal, url, name, arguments], option=orjson.OPT_SORT_KEYS)
+    return "sub_" + hashlib.sha256(key).hexdigest()[:24]
+
+
+def _secret(delivery: dict[str, Any]) -> str:
+    secret = delivery.get("secret")
+    if isinstance(secret, str) and secret.startswith("whsec_") and len(secret) <= 200:
+        try:
+            if 24 <= len(base64.b64decode(secret[6:], validate=True)) <= 64:
+                return secret
+        except binascii.Error:
+            pass
+    raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.secret must be whsec_ followed by the base64 of 24 to 64 "
+                       "random bytes (Standard Webhooks)", status=400)
+
+
+class WebhookSubscriptions:
+    def __init__(self, settings: Settings, methods: Methods, state: EventSessions, sessions: Sessions,
+                 store: Webhooks, callbacks: Callbacks) -> None:
+        self.settings = settings
+        self.methods = methods
+        self.state = state
+        self.sessions = sessions
+        self.store = store
+        self.callbacks = callbacks
+        #: Webhooks need credentials: with anonymous callers, every caller is the same principal.
+        self.authenticated = bool(settings.auth_methods)
+
+    def _delivery(self, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        if not self.authenticated:
+            raise rpc.RpcError(FORBIDDEN, "Forbidden: webhooks need an authenticated principal (this server takes "
+                               "anonymous callers); use events/poll", status=403)
+        delivery = params.get("delivery")
+        if not isinstance(delivery, dict):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.delivery must be {"mode": "webhook", "url", "secret"}',
+                               status=400)
+        mode = delivery.get("mode", "webhook")
+        if mode != "webhook":
+            raise rpc.RpcError(UNSUPPORTED, "events/subscribe delivers by webhook only; poll with events/poll",
+                               {"feature": "deliveryMode", "value": mode if isinstance(mode, str) else None},
+                               status=400)
+        url = delivery.get("url")
+        if not isinstance(url, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.url must be a string", status=400)
+        return delivery, url
+
+    def _ttl_ms(self, params: dict[str, Any]) -> int:
+        if "ttlMs" not in params:
+            asked = self.settings.webhook_default_ttl_ms
+        elif params["ttlMs"] is None:
+            asked = self.settings.webhook_max_ttl_ms  # no expiry asked for: the longest this server grants
+        elif isinstance(params["ttlMs"], bool) or not isinstance(params["ttlMs"], int) or params["ttlMs"] < 0:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.ttlMs must be a non-negative integer or null", status=400)
+        else:
+            asked = params["ttlMs"]
+        return max(self.settings.webhook_min_ttl_ms, min(asked, self.settings.webhook_max_ttl_ms))
+
+    async def _target(self, url: str) -> Target:
+        try:
+            return await self.callbacks.check(url)
+        except CallbackRefused as exc:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"delivery.url refused: {exc}", status=400) from exc
+
+    async def subscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        delivery, url = self._delivery(params)
+        what = wanted(self.methods, call, params, "webhook")
+        secret = _secret(delivery)
+        ttl = self._ttl_ms(params)
+        cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string or null", status=400)
+        target = await self._target(url)
+        sub_id = subscription_id(call.principal.key, url, what["name"], what["arguments"])
+        now = time.time()
+        expires = now + ttl / 1000
+        existing = await self.store.get(sub_id)
+        if existing is not None and existing.expires_at > now and await self.store.refresh(sub_id, expires, secret):
+            return self._answer(existing, expires, truncated=False, status=True)
+        if existing is not None:
+            await self.end(existing)  # lapsed, not yet cleaned up
+        if await self.store.count() >= self.settings.webhook_max_subscriptions:
+            raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions",
+                               {"limit": "subscriptions", "max": self.settings.webhook_max_subscriptions}, status=429,
+                               retry_after=60)
+        if not target.allowed:
+            await self._verify(url, secret, sub_id)
+        session = await self.state.create(call.principal, {**what, "id": sub_id})
+        record = WebhookRecord(id=sub_id, tenant=session.tenant, principal=call.principal.key, name=what["name"],
+                               arguments=what["arguments"], url=url, secret=secret, session=session.id,
+                               epoch=session.epoch, offset=0, expires_at=expires, created_at=now)
+        if not await self.store.create(record):  # another subscribe of the same key won the race
+            await self.sessions.end(session.id)
+            return await self.subscribe(call, params)
+        # A cursor of before this subscription cannot be replayed from: delivery starts now.
+        return self._answer(record, expires, truncated=cursor is not None, status=False)
+
+    async def _verify(self, url: str, secret: str, sub_id: str) -> None:
+        """The draft's endpoint verification. Raises RpcError -32015 with ``data.reason``."""
+        challenge = secrets.token_urlsafe(24)
+        body = orjson.dumps({"type": "verification", "challenge": challenge})
+        outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id)
+        reason = outcome.error
+        if outcome.ok:
+            try:
+                echoed = orjson.loads(outcome.body).get("challenge")
+            except (orjson.JSONDecodeError, AttributeError):
+                echoed = None
+            if isinstance(echoed, str) and hmac.compare_digest(echoed, challenge):
+                return
+            reason = "challenge_failed"
+        raise rpc.RpcError(CALLBACK_ERROR, "The callback endpoint did not confirm the subscription",
+                           {"reason": reason}, status=400)
+
+    def _answer(self, record: WebhookRecord, expires: float, *, truncated: bool, status: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {"id": record.id, "refreshBefore": iso(expires),
+                                  "cursor": format_listen_id(record.session, record.epoch, record.offset),
+                                  "truncated": truncated}
+        if status:
+            last = None if record.delivered_at is None else iso(record.delivered_at)
+            delivery: dict[str, Any] = {"active": True, "lastDeliveryAt": last, "lastError": record.last_error}
+            if record.failed_since is not None:
+                delivery["failedSince"] = iso(record.failed_since)
+            result["deliveryStatus"] = delivery
+        return result
+
+    async def unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        _, url = self._delivery(params)
+        what = wanted(self.methods, call, params, "webhook")
+        record = await self.store.get(subscription_id(call.principal.key, url, what["name"], what["arguments"]))
+        if record is None or record.principal != call.principal.key:
+            raise not_found("No such subscription", "subscription")
+        await self.end(record)
+        return {}
+
+    async def end(self, record: WebhookRecord) -> None:
+        """Remove a subscription and its hidden session (any worker may; doing it twice is harmless)."""
+        await self.store.remove(record.id)
+        await self.sessions.end(record.session)
