@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from broker.config_identity import IdentitySettings
@@ -220,6 +220,8 @@ class Settings(IdentitySettings):
     webhook_connect_timeout: float = Field(default=5.0, gt=0, le=60)
     webhook_read_timeout: float = Field(default=10.0, gt=0, le=300)
     webhook_max_response_bytes: int = Field(default=65_536, ge=0)
+    #: Callback connections one worker has open at once (more POSTs wait for a place).
+    webhook_max_connections: int = Field(default=64, ge=1, le=10_000)
     #: Attempts at one event before it goes to the dead letters; the first and the longest pause between them.
     webhook_max_attempts: int = Field(default=8, ge=1, le=100)
     webhook_retry_initial: float = Field(default=0.5, gt=0)
@@ -291,6 +293,23 @@ class Settings(IdentitySettings):
                     raise ValueError(f"{entry!r} is neither a host name nor an address range; write e.g. "
                                      "'[\"hooks.internal\", \"10.0.0.0/8\", \"127.0.0.1\"]'") from None
         return value
+
+    @model_validator(mode="after")
+    def _events_bounds(self) -> Settings:
+        """Bounds that only make sense together: each pair read the other way round would be silently clamped."""
+        problems = [line for bad, line in (
+            (self.webhook_min_ttl_ms > self.webhook_max_ttl_ms, "MCP_BROKER_WEBHOOK_MIN_TTL_MS is above _MAX_TTL_MS"),
+            (not self.webhook_min_ttl_ms <= self.webhook_default_ttl_ms <= self.webhook_max_ttl_ms,
+             "MCP_BROKER_WEBHOOK_DEFAULT_TTL_MS is outside [_MIN_TTL_MS, _MAX_TTL_MS]"),
+            (self.events_poll_default > self.events_poll_max, "MCP_BROKER_EVENTS_POLL_DEFAULT is above _POLL_MAX"),
+            (self.webhook_retry_initial > self.webhook_retry_max,
+             "MCP_BROKER_WEBHOOK_RETRY_INITIAL is above _RETRY_MAX"),
+            (self.webhook_max_response_bytes == 0,
+             "MCP_BROKER_WEBHOOK_MAX_RESPONSE_BYTES is 0: no verification answer could be read; write 1 or more"),
+        ) if bad]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @field_validator("default_tenant")
     @classmethod

@@ -14,10 +14,11 @@ set in neither is unlimited (the global bounds of docs/LIMITS.md still hold).
 * ``publish_per_second``: a token bucket per tenant shared by every worker (``base.Quotas.take``),
   of ``publish_burst`` tokens (one second's worth by default).
 
-``sessions`` is counted by the session store itself (``SessionStore.create``) and
-``subscriptions`` bound per session by the subscription index: both in the same atomic step as
-the write they limit. Every check is one backend call per request, only for a tenant that has
-that quota, and nothing happens per delivered frame.
+``sessions`` is counted by the session store itself (``SessionStore.create``),
+``subscriptions`` bound per session by the subscription index, and ``webhooks`` by the webhook
+store (``Webhooks.create``): each in the same atomic step as the write it limits. Every check
+is one backend call per request, only for a tenant that has that quota, and nothing happens per
+delivered frame.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ __all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas"
 logger = logging.getLogger(__name__)
 
 #: The limits a tenant's entry may set.
-LIMITS: Final = ("sessions", "subscriptions", "streams", "listens", "publish_per_second", "publish_burst")
+LIMITS: Final = ("sessions", "subscriptions", "streams", "listens", "publish_per_second", "publish_burst",
+                  "webhooks")
 #: Milliseconds a stream's or listen's lease lives past its holder's last renewal (every third of it).
 LEASE_TTL_MS: Final = 15_000
 #: Seconds a client over a count quota is asked to wait: places free up as other sessions or streams end.
@@ -59,6 +61,8 @@ class Limits:
     listens: int | None = None
     publish_per_second: int | None = None
     publish_burst: int | None = None
+    #: Webhook subscriptions of the events extension (counted by ``base.Webhooks.create``).
+    webhooks: int | None = None
 
     @property
     def burst(self) -> int:

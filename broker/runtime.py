@@ -158,7 +158,8 @@ class Broker:
                                 stream_buffer=settings.stream_buffer)
         #: The events extension (experimental): its methods, and this worker's webhook deliveries.
         self.events = Events(settings, self.methods, self.sessions, index, backend.inboxes, backend.webhooks,
-                             backend.leases, backend.sessions.touch)
+                             backend.leases, backend.sessions.touch, authenticator=self.authenticator,
+                             quotas=self.quotas.quotas, revoked=None if stored is None else stored.invalid)
         self.events.install(self.methods)
         resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info},
                                       self.quotas.quotas)

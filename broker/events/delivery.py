@@ -15,7 +15,16 @@ continues from the stored cursor, so the event in flight may be delivered twice 
 ``eventId`` and ``webhook-id``: the receiver deduplicates), and none is skipped. A gap (the
 inbox trimmed past the cursor, or the hidden session expired while no worker could deliver)
 is told with the draft's ``{"type": "gap", "cursor"}`` envelope, then the gap rule: an event
-for every URI of the arguments.
+for every URI of the arguments. That it is owed is stored with the position it starts from (a
+new session's, when the old one is gone) in one update, and cleared only once it was sent, so a
+holder that stops halfway leaves it to the next one.
+
+Every position is stored only while the record is still at the session and epoch it was read
+from, so a worker that lagged behind an unsubscribe and a resubscribe of the same key cannot
+write its old session into the new record. A lapsed subscription is removed only if it is still
+lapsed when the backend removes it (a refresh in between keeps it), and one whose stored API key
+was revoked or expired ends at the next check (every ``credential_check_seconds``), through the
+lookup the Hub uses for open streams.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import os
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import orjson
@@ -56,10 +65,14 @@ class _Ended(Exception):
     """The subscription was removed or lapsed while its events were being delivered."""
 
 
+#: Which of these stored keys no longer hold (``StoredKeys.invalid``).
+Revoked = Callable[[Collection[str]], Awaitable[set[str]]]
+
+
 class WebhookDelivery:
     def __init__(self, settings: Settings, store: Webhooks, leases: Leases, inboxes: Inboxes, state: EventSessions,
                  subscriptions: WebhookSubscriptions, callbacks: Callbacks,
-                 touch: Callable[[Sequence[str]], Awaitable[None]]) -> None:
+                 touch: Callable[[Sequence[str]], Awaitable[None]], revoked: Revoked | None = None) -> None:
         self.settings = settings
         self.store = store
         self.leases = leases
@@ -68,6 +81,8 @@ class WebhookDelivery:
         self.subscriptions = subscriptions
         self.callbacks = callbacks
         self.touch = touch
+        self.revoked = revoked
+        self._checked = 0.0  # when the credentials were last checked (monotonic)
         #: The lease owner names the process, so an operator can tell which worker delivers what.
         self.owner = f"webhooks-{os.getpid()}-{secrets.token_hex(4)}"
         self.interval = settings.webhook_lease_ms / 3000
@@ -92,13 +107,21 @@ class WebhookDelivery:
 
     async def _scan(self) -> None:
         after = ""
+        check = self.revoked is not None and time.monotonic() - self._checked >= self.settings.credential_check_seconds
+        if check:
+            self._checked = time.monotonic()
         while True:
             page = await self.store.page(after, PAGE)
             now = time.time()
+            invalid = await self._invalid(page) if check else set()
             for record in page:
-                if record.expires_at <= now and record.id not in self._tasks:
-                    logger.info("webhook subscription %s lapsed; ending it", record.id)
-                    await self.subscriptions.end(record)
+                if record.credential in invalid:
+                    logger.info("webhook subscription %s: its API key was revoked or expired; ending it", record.id)
+                    await self.subscriptions.end(record, credential=record.credential)
+                elif record.expires_at <= now:
+                    if record.id not in self._tasks:
+                        logger.info("webhook subscription %s lapsed; ending it", record.id)
+                        await self.subscriptions.end(record, expired_by=now)
                 elif record.id not in self._tasks:
                     task = asyncio.create_task(self._lease(record.id), name=f"webhook-{record.id}")
                     self._tasks[record.id] = task
@@ -106,6 +129,11 @@ class WebhookDelivery:
             if len(page) < PAGE:
                 return
             after = page[-1].id
+
+    async def _invalid(self, page: list[WebhookRecord]) -> set[str]:
+        """The stored keys of ``page`` that no longer hold: one lookup for the page."""
+        keys = {record.credential for record in page if record.credential is not None}
+        return await self.revoked(keys) if keys and self.revoked is not None else set()
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task.get_name().removeprefix("webhook-"), None)
@@ -146,6 +174,9 @@ class WebhookDelivery:
                     held.append(record.session)
                     await self.touch([record.session])
                 woken.clear()
+                if record.gap:
+                    await self._send_gap(record)
+                    continue
                 read = await self.inboxes.read(record.session, record.epoch, record.offset, self.settings.inbox_batch)
                 if read.gone or read.gap:
                     await self._resync(record, read)
@@ -162,6 +193,7 @@ class WebhookDelivery:
                     await unwatch()
 
     async def _send_frames(self, record: WebhookRecord, read: InboxRead) -> None:
+        since = (record.session, record.epoch)
         for offset, frame in read.frames:
             cursor = format_listen_id(record.session, record.epoch, offset)
             delivered = None
@@ -169,27 +201,30 @@ class WebhookDelivery:
                 event["cursor"] = cursor  # the safe watermark: every event before it was acknowledged or given up
                 await self._send(record, event["eventId"], event)
                 delivered = time.time()
-            if not await self.store.advance(record.id, record.session, record.epoch, offset, delivered):
-                raise _Ended
+            if not await self.store.advance(record.id, since, record.session, record.epoch, offset, delivered):
+                return  # the record moved on or is gone: read it again
 
     async def _resync(self, record: WebhookRecord, read: InboxRead) -> None:
-        """The gap rule: a ``gap`` envelope, then an event for every URI, from the head (of a new session if gone)."""
+        """Owe the gap rule from the head (of a new session if the old one is gone), in the update that moves there."""
         session, epoch, head = record.session, read.epoch, read.head
         if read.gone:
             subject = record.principal.partition("/")[2]
             what = {"name": record.name, "arguments": record.arguments, "mode": "webhook", "id": record.id}
             fresh = await self.state.create(Principal(record.tenant, subject), what)
             session, epoch, head = fresh.id, fresh.epoch, 0
-            if not await self.store.advance(record.id, session, epoch, 0, None):
-                await self.state.sessions.end(session)
-                raise _Ended
-        cursor = format_listen_id(session, epoch, head)
+        if not await self.store.advance(record.id, (record.session, record.epoch), session, epoch, head, None,
+                                        gap=True) and read.gone:
+            await self.state.sessions.end(session)  # the record moved on meanwhile: this session serves nobody
+
+    async def _send_gap(self, record: WebhookRecord) -> None:
+        """The owed gap rule: a ``gap`` envelope, then an event for every URI; cleared once sent."""
+        cursor = format_listen_id(record.session, record.epoch, record.offset)
         logger.warning("webhook subscription %s met a gap; sending the gap rule from %s", record.id, cursor)
-        await self._send(record, f"msg_gap_{secrets.token_hex(8)}", {"type": "gap", "cursor": cursor})
+        await self._send(record, f"{cursor}~gap", {"type": "gap", "cursor": cursor})
         for event in gap_events(cursor, record.arguments["uris"], time.time()):
             await self._send(record, event["eventId"], {**event, "cursor": cursor})
-        if not await self.store.advance(record.id, session, epoch, head, time.time()):
-            raise _Ended
+        await self.store.advance(record.id, (record.session, record.epoch), record.session, record.epoch,
+                                 record.offset, time.time())
 
     async def _send(self, record: WebhookRecord, message_id: str, body: dict[str, Any]) -> None:
         """POST one body until it is acknowledged, or dead-letter it. Raises _Ended when the subscription ends."""

@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from broker.auth import Anonymous, Authenticator
 from broker.backends.base import Inboxes, Leases, SubscriptionIndex, Webhooks
 from broker.config import Settings
 from broker.events.callbacks import Callbacks
-from broker.events.delivery import WebhookDelivery
+from broker.events.delivery import Revoked, WebhookDelivery
 from broker.events.model import EVENTS, event_type
 from broker.events.poll import EventPolls
 from broker.events.state import EventSessions
 from broker.events.subscribe import WebhookSubscriptions
 from broker.methods import Call, Handler, Methods
 from broker.protocol import jsonrpc as rpc
+from broker.quotas import TenantQuotas
 from broker.sessions import Sessions
 
 __all__ = ["Events"]
@@ -25,13 +27,20 @@ class Events:
 
     def __init__(self, settings: Settings, methods: Methods, sessions: Sessions, subscriptions: SubscriptionIndex,
                  inboxes: Inboxes, store: Webhooks, leases: Leases,
-                 touch: Callable[[Sequence[str]], Awaitable[None]]) -> None:
+                 touch: Callable[[Sequence[str]], Awaitable[None]], *, authenticator: Authenticator,
+                 quotas: TenantQuotas | None = None, revoked: Revoked | None = None) -> None:
+        """``authenticator``: the broker's (webhooks are offered unless it is ``Anonymous``, whatever
+        the settings say: a custom one passed to ``Broker`` brings credentials of its own).
+        ``quotas``: the tenants' ``subscriptions`` and ``webhooks`` quotas. ``revoked``: the lookup
+        of stored keys that no longer hold (``StoredKeys.invalid``), when there are stored keys."""
         self.settings = settings
-        state = EventSessions(sessions, subscriptions)
+        state = EventSessions(sessions, subscriptions, quotas)
         self.callbacks = Callbacks(settings)
         self.polls = EventPolls(settings, methods, state, inboxes)
-        self.webhooks = WebhookSubscriptions(settings, methods, state, sessions, store, self.callbacks)
-        self.delivery = WebhookDelivery(settings, store, leases, inboxes, state, self.webhooks, self.callbacks, touch)
+        self.webhooks = WebhookSubscriptions(settings, methods, state, sessions, store, self.callbacks,
+                                             authenticated=not isinstance(authenticator, Anonymous), quotas=quotas)
+        self.delivery = WebhookDelivery(settings, store, leases, inboxes, state, self.webhooks, self.callbacks, touch,
+                                        revoked)
         # The draft: an unauthenticated server may offer poll, not webhooks.
         self.modes = ["poll", "webhook"] if self.webhooks.authenticated else ["poll"]
 

@@ -4,6 +4,8 @@ The session is created bound to the principal, with what it serves (``wanted``: 
 its canonical arguments, the mode) in its record, and subscribed to every URI of the arguments
 before its first cursor is handed out, so fan-out fills its inbox from that moment on with no
 code of its own. It expires like a legacy session, ``session_ttl`` after it was last touched.
+Its URIs are held to the tenant's ``subscriptions`` quota as a resumable listen's filter is
+(``broker.resume``), before anything is made.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from broker.errors import LimitExceeded, OverQuota, SessionNotFound
 from broker.events.model import EXHAUSTED, RESOURCE_UPDATED, STATE, not_found
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
-from broker.quotas import quota_error
+from broker.quotas import TenantQuotas, quota_error
 from broker.resume import LISTEN_VERSION
 from broker.sessions import Sessions
 
@@ -51,17 +53,24 @@ def wanted(methods: Methods, call: Call, params: dict[str, Any], mode: str) -> d
 class EventSessions:
     """Creates and finds the hidden sessions of polls and webhook subscriptions."""
 
-    def __init__(self, sessions: Sessions, subscriptions: SubscriptionIndex) -> None:
+    def __init__(self, sessions: Sessions, subscriptions: SubscriptionIndex,
+                 quotas: TenantQuotas | None = None) -> None:
         self.sessions = sessions
         self.subscriptions = subscriptions
+        self.quotas = quotas or TenantQuotas()
 
     async def create(self, principal: Principal, what: dict[str, Any]) -> SessionRecord:
         """A new session serving ``what``, subscribed to its URIs.
 
         Raises:
-            RpcError: -31002 (429) over the tenant's ``sessions`` quota; -32013 (503) when
-                ``max_sessions`` sessions are live.
+            RpcError: -31002 (429) over the tenant's ``sessions`` quota, or with more URIs than its
+                ``subscriptions`` quota; -32013 (503) when ``max_sessions`` sessions are live.
         """
+        quota = self.quotas.of(principal.tenant).subscriptions
+        if quota is not None and len(what["arguments"]["uris"]) > quota:
+            raise quota_error(OverQuota("subscriptions", principal.tenant, quota, 5,
+                                        f"tenant {principal.tenant!r} may watch {quota} URIs per subscription "
+                                        "(its quota)"))
         try:
             session = await self.sessions.create(principal, LISTEN_VERSION, {}, {STATE: what})
         except OverQuota as exc:

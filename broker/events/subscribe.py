@@ -6,7 +6,11 @@ secret, delivery goes on where it was) and returns the same id. The lease grante
 suggested ``ttlMs`` within [``webhook_min_ttl_ms``, ``webhook_max_ttl_ms``] (a ``ttlMs: null``
 asking for no expiry gets the longest, as the draft lets a server do); one not refreshed in
 time ends: any worker removes its record and its hidden session. Webhooks need an
-authenticated principal (the draft's rule: without one, anyone could unsubscribe anyone).
+authenticated principal (the draft's rule: without one, anyone could unsubscribe anyone), and
+last no longer than its credential: the lease never runs past the credential's expiry, and one
+made with a stored API key ends once that key is revoked (``delivery``). New subscriptions are
+held to the tenant's ``webhooks`` quota and the deployment's ``webhook_max_subscriptions``,
+both counted in the backend's create.
 
 A new subscription's callback must pass ``Callbacks.check``, and, unless it is allow-listed,
 the draft's verification handshake: a signed ``{"type": "verification", "challenge"}`` POST
@@ -17,7 +21,6 @@ asked for it.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import secrets
@@ -30,14 +33,19 @@ from broker.backends.base import Webhooks
 from broker.backends.types import WebhookRecord
 from broker.config import Settings
 from broker.delivery.resumable import format_listen_id
+from broker.errors import LimitExceeded, OverQuota
 from broker.events.callbacks import CallbackRefused, Callbacks, Target
 from broker.events.model import CALLBACK_ERROR, EXHAUSTED, FORBIDDEN, UNSUPPORTED, iso, not_found
 from broker.events.state import EventSessions, wanted
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
+from broker.quotas import TenantQuotas, quota_error
 from broker.sessions import Sessions
 
-__all__ = ["WebhookSubscriptions", "subscription_id"]
+__all__ = ["ANONYMOUS", "WebhookSubscriptions", "subscription_id"]
+
+#: The subject of a caller without credentials (``auth.Anonymous``, and stdio's caller).
+ANONYMOUS = "anonymous"
 
 
 def subscription_id(principal: str, url: str, name: str, arguments: dict[str, Any]) -> str:
@@ -51,7 +59,7 @@ def _secret(delivery: dict[str, Any]) -> str:
         try:
             if 24 <= len(base64.b64decode(secret[6:], validate=True)) <= 64:
                 return secret
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or characters that are not ASCII
             pass
     raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.secret must be whsec_ followed by the base64 of 24 to 64 "
                        "random bytes (Standard Webhooks)", status=400)
@@ -59,7 +67,9 @@ def _secret(delivery: dict[str, Any]) -> str:
 
 class WebhookSubscriptions:
     def __init__(self, settings: Settings, methods: Methods, state: EventSessions, sessions: Sessions,
-                 store: Webhooks, callbacks: Callbacks) -> None:
+                 store: Webhooks, callbacks: Callbacks, *, authenticated: bool,
+                 quotas: TenantQuotas | None = None) -> None:
+        """``authenticated``: whether callers bring credentials (the authenticator is not ``Anonymous``)."""
         self.settings = settings
         self.methods = methods
         self.state = state
@@ -67,10 +77,11 @@ class WebhookSubscriptions:
         self.store = store
         self.callbacks = callbacks
         #: Webhooks need credentials: with anonymous callers, every caller is the same principal.
-        self.authenticated = bool(settings.auth_methods)
+        self.authenticated = authenticated
+        self.quotas = quotas or TenantQuotas()
 
-    def _delivery(self, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        if not self.authenticated:
+    def _delivery(self, call: Call, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        if not self.authenticated or call.principal.subject == ANONYMOUS:
             raise rpc.RpcError(FORBIDDEN, "Forbidden: webhooks need an authenticated principal (this server takes "
                                "anonymous callers); use events/poll", status=403)
         delivery = params.get("delivery")
@@ -105,7 +116,7 @@ class WebhookSubscriptions:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"delivery.url refused: {exc}", status=400) from exc
 
     async def subscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        delivery, url = self._delivery(params)
+        delivery, url = self._delivery(call, params)
         what = wanted(self.methods, call, params, "webhook")
         secret = _secret(delivery)
         ttl = self._ttl_ms(params)
@@ -116,26 +127,45 @@ class WebhookSubscriptions:
         sub_id = subscription_id(call.principal.key, url, what["name"], what["arguments"])
         now = time.time()
         expires = now + ttl / 1000
+        if call.principal.expires_at is not None:  # never past the credential the subscription was made with
+            expires = min(expires, call.principal.expires_at)
+        credential = call.principal.credential
         existing = await self.store.get(sub_id)
-        if existing is not None and existing.expires_at > now and await self.store.refresh(sub_id, expires, secret):
+        if existing is not None and existing.expires_at > now and await self.store.refresh(sub_id, expires, secret,
+                                                                                            credential):
             return self._answer(existing, expires, truncated=False, status=True)
         if existing is not None:
-            await self.end(existing)  # lapsed, not yet cleaned up
-        if await self.store.count() >= self.settings.webhook_max_subscriptions:
-            raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions",
-                               {"limit": "subscriptions", "max": self.settings.webhook_max_subscriptions}, status=429,
-                               retry_after=60)
+            await self.end(existing, expired_by=now)  # lapsed, not yet cleaned up (kept if refreshed meanwhile)
         if not target.allowed:
             await self._verify(url, secret, sub_id)
         session = await self.state.create(call.principal, {**what, "id": sub_id})
         record = WebhookRecord(id=sub_id, tenant=session.tenant, principal=call.principal.key, name=what["name"],
                                arguments=what["arguments"], url=url, secret=secret, session=session.id,
-                               epoch=session.epoch, offset=0, expires_at=expires, created_at=now)
-        if not await self.store.create(record):  # another subscribe of the same key won the race
+                               epoch=session.epoch, offset=0, expires_at=expires, created_at=now,
+                               credential=credential)
+        if not await self._create(record):  # another subscribe of the same key won the race
             await self.sessions.end(session.id)
             return await self.subscribe(call, params)
         # A cursor of before this subscription cannot be replayed from: delivery starts now.
         return self._answer(record, expires, truncated=cursor is not None, status=False)
+
+    async def _create(self, record: WebhookRecord) -> bool:
+        """Store a new subscription, held to the deployment's bound and the tenant's ``webhooks`` quota.
+
+        Raises:
+            RpcError: -31002 (429) over the tenant's quota; -32013 (429) at the deployment's bound
+                (its hidden session is ended then).
+        """
+        most = self.settings.webhook_max_subscriptions
+        try:
+            return await self.store.create(record, most, self.quotas.of(record.tenant).webhooks)
+        except OverQuota as exc:
+            await self.sessions.end(record.session)
+            raise quota_error(exc) from exc
+        except LimitExceeded as exc:
+            await self.sessions.end(record.session)
+            raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions", {"limit": "subscriptions", "max": most},
+                               status=429, retry_after=60) from exc
 
     async def _verify(self, url: str, secret: str, sub_id: str) -> None:
         """The draft's endpoint verification. Raises RpcError -32015 with ``data.reason``."""
@@ -167,7 +197,7 @@ class WebhookSubscriptions:
         return result
 
     async def unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        _, url = self._delivery(params)
+        _, url = self._delivery(call, params)
         what = wanted(self.methods, call, params, "webhook")
         record = await self.store.get(subscription_id(call.principal.key, url, what["name"], what["arguments"]))
         if record is None or record.principal != call.principal.key:
@@ -175,7 +205,13 @@ class WebhookSubscriptions:
         await self.end(record)
         return {}
 
-    async def end(self, record: WebhookRecord) -> None:
-        """Remove a subscription and its hidden session (any worker may; doing it twice is harmless)."""
-        await self.store.remove(record.id)
-        await self.sessions.end(record.session)
+    async def end(self, record: WebhookRecord, *, expired_by: float | None = None,
+                  credential: str | None = None) -> None:
+        """Remove a subscription and its hidden session (any worker may; doing it twice is harmless).
+
+        ``expired_by``, ``credential``: only while it is still lapsed by then, or still bound to that
+        credential (``Webhooks.remove``), so a refresh racing the removal keeps the subscription.
+        """
+        session = await self.store.remove(record.id, expired_by=expired_by, credential=credential)
+        if session is not None:
+            await self.sessions.end(session)

@@ -64,7 +64,8 @@ async def test_updates_change_only_their_fields_and_never_revive_a_removed_subsc
     assert await backend.webhooks.remove(record.id) == "s2"
     assert await backend.webhooks.remove(record.id) is None
     for update in (backend.webhooks.advance(record.id, ("s2", "e2"), "s", "e", 9, 1.0),
-                   backend.webhooks.fail(record.id, "x", 1.0), backend.webhooks.refresh(record.id, 1.0, "whsec_x", None)):
+                   backend.webhooks.fail(record.id, "x", 1.0),
+                   backend.webhooks.refresh(record.id, 1.0, "whsec_x", None)):
         assert await update is False
     assert await backend.webhooks.get(record.id) is None
     assert await backend.webhooks.page("", 10) == []

@@ -5,7 +5,9 @@ signature with ``standardwebhooks``; it fails for a while, then recovers, and re
 event in order; the worker delivering them is killed with ``kill -9`` mid-stream and another
 finishes (duplicates allowed, deduplicated by ``eventId``; none missing). A callback to a
 private address is refused, and a poll cursor from before Redis restarted empty is answered
-``truncated: true``.
+``truncated: true``. A gap notice its worker died before sending is sent by the next one, and a
+subscription made with a stored API key lasts no longer than the key: its lease is capped at
+the key's expiry, and revoking the key ends it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import os
 import secrets
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,6 +33,7 @@ from standardwebhooks import Webhook
 from tests.distributed.conftest import Deployment
 from tests.distributed.test_faults import publish_seq
 from tests.integration import modern
+from tests.keys_support import create_key, revoke_key
 from tests.support import BIN
 
 KEYS = {"key-a": "default/alice"}
@@ -45,11 +50,14 @@ ENV = {
 
 
 class Receiver:
-    """Verifies each POST's signature, answers 503 while ``failing``, and keeps what it accepted, in order."""
+    """Verifies each POST's signature, answers 503 while ``failing`` (or to gap notices while
+    ``refuse_gaps``), and keeps what it accepted, in order."""
 
     def __init__(self, secret: str) -> None:
         self.webhook = Webhook(secret)
         self.failing = 0  # requests still to refuse
+        self.refuse_gaps = False
+        self.gaps_refused = 0
         self.accepted: list[dict[str, Any]] = []
         self.refused = 0
         self.bad_signatures = 0
@@ -68,8 +76,10 @@ class Receiver:
                     self.end_headers()
                     return
                 with receiver.lock:
-                    fail = receiver.failing > 0
-                    if fail:
+                    if receiver.refuse_gaps and payload.get("type") == "gap":
+                        receiver.gaps_refused += 1
+                        fail = True
+                    elif fail := receiver.failing > 0:
                         receiver.failing -= 1
                         receiver.refused += 1
                     else:
@@ -92,11 +102,15 @@ class Receiver:
         with self.lock:
             for item in self.accepted:
                 body = item["body"]
-                if "eventId" in body and body["eventId"] not in seen:
+                if "seq" in body.get("data", {}).get("_meta", {}) and body["eventId"] not in seen:
                     seen.add(body["eventId"])
                     assert item["headers"]["webhook-id"] == body["eventId"]
                     out.append(body["data"]["_meta"]["seq"])
         return out
+
+    def bodies(self, check: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [item["body"] for item in self.accepted if check(item["body"])]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -121,10 +135,21 @@ async def until(check: Any, timeout: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-async def subscribe(http: httpx.AsyncClient, uris: list[str], url: str, secret: str) -> httpx.Response:
+async def subscribe(http: httpx.AsyncClient, uris: list[str], url: str, secret: str, auth: str = "key-a",
+                    ttl_ms: int | None = 120_000) -> httpx.Response:
     return await modern.call(http, "events/subscribe", {
-        "name": EVENT, "arguments": {"uris": uris}, "ttlMs": 120_000,
-        "delivery": {"mode": "webhook", "url": url, "secret": secret}}, auth="key-a")
+        "name": EVENT, "arguments": {"uris": uris}, "ttlMs": ttl_ms,
+        "delivery": {"mode": "webhook", "url": url, "secret": secret}}, auth=auth)
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def stored(deploy: Deployment, subscription: str, field: str) -> Any:
+    with Redis.from_url(deploy.redis_url) as raw:
+        value = raw.hget(f"mcpb:{{wh}}:sub:{subscription}", field)
+    return None if value is None else json.loads(value)
 
 
 @pytest.mark.timeout(120)
@@ -215,3 +240,69 @@ async def test_a_poll_cursor_from_before_redis_lost_its_data_is_truncated(own_de
                                  ).json()["result"])["events"]:
                 await asyncio.sleep(0.05)
         assert after["truncated"] is False and [e["data"]["uri"] for e in after["events"]] == [uris[1]]
+
+
+@pytest.mark.timeout(120)
+async def test_a_gap_notice_owed_by_a_worker_that_died_is_sent_by_the_next(webhook_deployment: Deployment) -> None:
+    deploy = webhook_deployment
+    secret = new_secret()
+    receiver = Receiver(secret)
+    uris = ["mcpb://default/gapped/a", "mcpb://default/gapped/b"]
+    try:
+        async with httpx.AsyncClient(base_url=deploy.url, timeout=30,
+                                     headers={"Authorization": "Bearer key-a"}) as http:
+            sub_id = (await subscribe(http, uris, receiver.url, secret)).json()["result"]["id"]
+            await publish_seq(http, [(uris[0], 1)])
+            await until(lambda: receiver.seqs() == [1])
+            receiver.refuse_gaps = True
+            session = stored(deploy, sub_id, "session")
+            with Redis.from_url(deploy.redis_url) as raw:  # the hidden session is gone, as if it had expired
+                raw.delete(*raw.keys(f"mcpb:{{s:{session}}}*"))
+            await until(lambda: receiver.gaps_refused >= 2)  # the holder owes the gap, and is failing to send it
+            pid = holder_pid(deploy, sub_id)
+            deploy.kill9(next(i for i, w in enumerate(deploy.workers) if w.proc.pid == pid))
+            receiver.refuse_gaps = False
+            resync = {"dev.mcp-broker/resync": True}
+            await until(lambda: len(receiver.bodies(lambda b: b.get("data", {}).get("_meta") == resync)) >= 2)
+            gaps = receiver.bodies(lambda b: b.get("type") == "gap")
+            assert len(gaps) == 1 and gaps[0]["cursor"].startswith(stored(deploy, sub_id, "session"))
+            assert stored(deploy, sub_id, "gap") is False and holder_pid(deploy, sub_id) != pid
+            await publish_seq(http, [(uris[1], 2)])
+            await until(lambda: receiver.seqs() == [1, 2])  # and delivery goes on in the new session
+    finally:
+        receiver.close()
+
+
+KEYED_ENV = {**ENV, "MCP_BROKER_AUTH": "keys", "MCP_BROKER_CREDENTIAL_CHECK_SECONDS": "0.5"}
+
+
+@pytest.mark.timeout(120)
+async def test_a_subscription_lasts_no_longer_than_the_stored_key_it_was_made_with() -> None:
+    with Deployment(workers=1, env=KEYED_ENV) as deploy:
+        cli = {"MCP_BROKER_REDIS_URL": deploy.redis_url, "MCP_BROKER_AUTH": "keys"}
+        hour = create_key(cli, "default", "alice", "--expires-in", "1h")
+        lasting = create_key(cli, "default", "alice")
+        secret = new_secret()
+        receiver = Receiver(secret)
+        uris = ["mcpb://default/keyed/a"]
+        try:
+            async with httpx.AsyncClient(base_url=deploy.url, timeout=30,
+                                         headers={"Authorization": f"Bearer {lasting.key}"}) as http:
+                capped = await subscribe(http, uris, receiver.url + "?short", secret, auth=hour.key, ttl_ms=None)
+                refresh_before = datetime.fromisoformat(capped.json()["result"]["refreshBefore"]).timestamp()
+                assert refresh_before <= time.time() + 3600, "never past the key's expiry (not the 24 h asked for)"
+                sub_id = (await subscribe(http, uris, receiver.url, secret, auth=lasting.key)).json()["result"]["id"]
+                assert stored(deploy, sub_id, "credential") == lasting.id
+                await publish_seq(http, [(uris[0], 1)])
+                await until(lambda: 1 in receiver.seqs())
+                revoke_key(cli, lasting.id)
+                await until(lambda: stored(deploy, sub_id, "session") is None, timeout=15)
+            async with httpx.AsyncClient(base_url=deploy.url, timeout=30,
+                                         headers={"Authorization": f"Bearer {hour.key}"}) as http:
+                count = len(receiver.accepted)
+                await publish_seq(http, [(uris[0], 2)])
+                await asyncio.sleep(1.5)
+                assert all(item["headers"]["X-MCP-Subscription-Id"] != sub_id
+                           for item in receiver.accepted[count:]), "nothing after the revocation"
+        finally:
+            receiver.close()

@@ -158,3 +158,52 @@ async def test_webhook_subscribe_refuses_a_private_callback_and_a_bad_secret(htt
     gone = await modern.call(http, "events/unsubscribe", {**base, "delivery": {"url": "https://example.com/h"}},
                              auth="key-a")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == -32011
+
+
+SECRET = "whsec_" + "QUFB" * 8
+
+
+@pytest.mark.parametrize(("url", "secret", "says"), [
+    ("http://127.0.0.1:9/\x01", SECRET, "control characters"),  # allow-listed: it would reach the delivery
+    ("http://127.0.0.1:9/\x7f", SECRET, "control characters"),
+    ("https://[::1/h", SECRET, "host is malformed"),
+    ("https://[notipv6]/h", SECRET, "host is malformed"),
+    ("https://example.com/h", "whsec_ééé", "whsec_"),
+])
+async def test_hostile_callbacks_and_secrets_are_invalid_params_not_internal_errors(
+        http: httpx.AsyncClient, url: str, secret: str, says: str) -> None:
+    response = await modern.call(http, "events/subscribe", {"name": EVENT, "arguments": {"uris": [uri(41)]},
+                                 "delivery": {"mode": "webhook", "url": url, "secret": secret}}, auth="key-a")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == -32602 and says in error["message"]
+
+
+@pytest.fixture(scope="module")
+def quota_broker() -> Iterator[BrokerProcess]:
+    with BrokerProcess(env={"MCP_BROKER_API_KEYS": json.dumps(KEYS), "MCP_BROKER_WEBHOOK_ALLOW": '["127.0.0.1"]',
+                            "MCP_BROKER_QUOTAS": json.dumps({"default": {"subscriptions": 2, "webhooks": 1}})}) as proc:
+        yield proc
+
+
+async def test_events_are_held_to_the_tenant_subscriptions_and_webhooks_quotas(quota_broker: BrokerProcess) -> None:
+    def hook(url: str, uris: list[str], auth: str = "key-a") -> Any:
+        return modern.call(client, "events/subscribe", {"name": EVENT, "arguments": {"uris": uris}, "delivery": {
+            "mode": "webhook", "url": url, "secret": SECRET}}, auth=auth)
+
+    def refused(response: httpx.Response, limit: str) -> bool:
+        error = response.json()["error"]
+        return response.status_code == 429 and error["code"] == -31002 and error["data"]["limit"] == limit
+
+    three = [uri(50), uri(51), uri(52)]
+    async with httpx.AsyncClient(base_url=quota_broker.url, timeout=10) as client:
+        polled = await modern.call(client, "events/poll", {"name": EVENT, "arguments": {"uris": three},
+                                                           "cursor": None}, auth="key-a")
+        assert refused(polled, "subscriptions"), polled.text
+        assert refused(await hook("http://127.0.0.1:9/a", three), "subscriptions")
+        first = await hook("http://127.0.0.1:9/a", three[:2])
+        assert first.status_code == 200, first.text
+        assert refused(await hook("http://127.0.0.1:9/b", three[:2]), "webhooks")
+        assert refused(await hook("http://127.0.0.1:9/b", three[:1], auth="key-b"), "webhooks")  # the tenant's
+        again = await hook("http://127.0.0.1:9/a", three[:2])  # a refresh is never refused
+        assert again.status_code == 200 and again.json()["result"]["id"] == first.json()["result"]["id"]

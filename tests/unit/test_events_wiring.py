@@ -1,0 +1,53 @@
+"""The events extension's settings that only make sense together, and who may have webhooks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from broker.auth import Principal
+from broker.cli import _settings_problems
+from broker.config import Settings
+from broker.events.model import FORBIDDEN
+from broker.methods import Call
+from broker.protocol import jsonrpc as rpc
+from broker.runtime import Broker
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"webhook_min_ttl_ms": 5000, "webhook_max_ttl_ms": 2000, "webhook_default_ttl_ms": 3000}, "MIN_TTL_MS is above"),
+    ({"webhook_default_ttl_ms": 500}, "DEFAULT_TTL_MS is outside"),
+    ({"webhook_default_ttl_ms": 100_000_000}, "DEFAULT_TTL_MS is outside"),
+    ({"events_poll_default": 50, "events_poll_max": 10}, "POLL_DEFAULT is above"),
+    ({"webhook_retry_initial": 5.0, "webhook_retry_max": 1.0}, "RETRY_INITIAL is above"),
+    ({"webhook_max_response_bytes": 0}, "MAX_RESPONSE_BYTES is 0"),
+])
+def test_contradictory_events_settings_are_refused(values: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+def test_a_contradiction_is_one_line_of_the_start_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCP_BROKER_EVENTS_POLL_DEFAULT", "50")
+    monkeypatch.setenv("MCP_BROKER_EVENTS_POLL_MAX", "10")
+    assert _settings_problems() == ["MCP_BROKER_EVENTS_POLL_DEFAULT is above _POLL_MAX"]
+
+
+class Custom:
+    """An authenticator of the deployment's own, with no ``MCP_BROKER_AUTH`` behind it."""
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        return Principal("acme", "alice")
+
+
+async def test_webhooks_are_offered_under_a_custom_authenticator_and_refused_to_anonymous_callers() -> None:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    custom = Broker(settings, authenticator=Custom())
+    assert custom.events.modes == ["poll", "webhook"]
+    assert Broker(settings).events.modes == ["poll"]
+    with pytest.raises(rpc.RpcError) as refused:  # stdio's caller, or a custom authenticator's anonymous one
+        await custom.events.webhooks.subscribe(Call(Principal("acme", "anonymous"), modern=True), {})
+    assert refused.value.code == FORBIDDEN
