@@ -168,7 +168,11 @@ class FencedReads:
                 await asyncio.sleep(chunk / 1000)  # another consumer holds every partition: stand by
                 continue
             if not self.cluster:
-                found = await self._readgroup(consumer, held, count, chunk if chunk > 0 else None)
+                # At most ``count`` in all, the partitions asked in an order that turns with
+                # every read, so a busy partition cannot keep the others waiting.
+                self._rotate = (self._rotate + 1) % len(held)
+                order = held[self._rotate:] + held[:self._rotate]
+                found = await self._readgroup(consumer, order, count, chunk if chunk > 0 else None)
             else:
                 # A blocking read spans one slot in Cluster: poll every partition, then block on one.
                 for p in held:

@@ -1,5 +1,6 @@
 -- KEYS: for each change-log partition read, two keys: its lease, the partition.
--- ARGV: consumer, consumer group, count.
+-- ARGV: consumer, consumer group, count (in all: a batch is at most that long, however many
+-- partitions it reads; partitions after the count is reached are not read this time).
 -- A read of new changes fenced by the lease: only the consumer that holds a partition takes
 -- changes from it. A read sent while the lease was held and run after it lapsed (a stall, a
 -- network that held the command back) would otherwise take changes that the new holder never
@@ -9,17 +10,21 @@
 -- caller that found nothing waits for an entry after that id (XREAD, which takes nothing) and
 -- reads again through this script.
 local out = {}
+local remaining = tonumber(ARGV[3])
 for p = 1, #KEYS / 2 do
   if redis.call('GET', KEYS[2 * p - 1]) ~= ARGV[1] then
     out[p] = {0}
+  elseif remaining <= 0 then
+    out[p] = {1, '0-0', {}}
   else
-    local got = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', ARGV[3], 'STREAMS', KEYS[2 * p], '>')
+    local got = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', remaining, 'STREAMS', KEYS[2 * p], '>')
     local entries = {}
     if got and got[1] then
       -- Redis answers {{stream, entries}}; fakeredis {stream, entries}.
       if type(got[1]) == 'table' then entries = got[1][2] or {} else entries = got[2] or {} end
     end
     local last = '0-0'
+    remaining = remaining - #entries
     if entries[1] then
       last = entries[#entries][1]
     else
