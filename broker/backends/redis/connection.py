@@ -140,6 +140,43 @@ class _DiscardUnsent(Connection):
         await super().disconnect(nowait=False, error=error, failure_count=failure_count,
                                  health_check_failed=health_check_failed)
 
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """redis-py's, without ``asyncio.wait_for`` around the write.
+
+        On Python 3.11 ``wait_for`` runs the write in a task of its own, and when the caller is
+        cancelled just as that task finishes it returns normally and the cancellation is lost
+        (fixed in 3.12): a stream's request task cancelled mid-command then never ended. It was
+        also a task, a future and a timer per command sent. The write is handed to the
+        transport at once; only a transport that could not take it all (its buffer above the
+        high-water mark) is waited for, under ``socket_timeout`` as before.
+        """
+        if not self.is_connected:
+            await self.connect_check_health(check_health=False)
+        if check_health:
+            await self.check_health()  # type: ignore[no-untyped-call]
+        writer = self._writer
+        try:
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            assert writer is not None
+            writer.writelines(command)
+            if writer.transport.get_write_buffer_size() == 0 or not self.socket_timeout:
+                await writer.drain()  # nothing is buffered: returns at once (raises if the connection is lost)
+            else:
+                async with asyncio.timeout(self.socket_timeout):
+                    await writer.drain()
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise rexc.TimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            await self.disconnect(nowait=True)
+            raise rexc.ConnectionError(f"Error while writing to socket: {exc}.") from exc
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
     def _close(self) -> None:  # redis-py's synchronous close, outside a task (garbage collection)
         if self._writer is not None:
             self._writer.transport.abort()
