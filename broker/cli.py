@@ -277,10 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from broker.keys_cli import add_keys_parser
     from broker.partitions_cli import add_partitions_parser
-    from broker.webhooks_cli import add_webhooks_parser
 
     add_keys_parser(sub, formatter)
-    add_webhooks_parser(sub, formatter)
+    try:  # the webhooks commands come with the events' delivery; without it, none
+        from broker.webhooks_cli import add_webhooks_parser  # type: ignore[import-untyped,unused-ignore]
+    except ModuleNotFoundError:
+        pass
+    else:
+        add_webhooks_parser(sub, formatter)
     add_partitions_parser(sub, formatter)
     return parser
 
