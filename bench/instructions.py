@@ -2,6 +2,7 @@
 
     python -m bench.instructions                   # memory and Redis backends, 100 sessions, 300 changes
     python -m bench.instructions --backend memory  # one of them; --changes 500: same per-frame figure
+    python -m bench.instructions --keep /tmp/cg    # keep the callgrind files, for callgrind_annotate
     make bench-instructions                        # both
 
 For Redis, a ``redis-server`` is started outside valgrind (its own CPU is not counted), so the
@@ -31,6 +32,8 @@ import time
 from typing import Any
 
 SESSIONS, FANOUT = 100, 10
+#: Seconds any one step of the workload may take, at valgrind's speed.
+TIMEOUT = 600
 HEADERS = [(b"host", b"127.0.0.1"), (b"accept", b"application/json, text/event-stream"),
            (b"content-type", b"application/json")]
 
@@ -68,7 +71,12 @@ async def workload(changes: int) -> int:
     from broker.config import Settings
     from broker.runtime import Broker
 
-    redis = {"redis_url": os.environ["BENCH_REDIS_URL"]} if os.environ.get("BENCH_REDIS_URL") else {}
+    redis: dict[str, Any] = {}
+    if os.environ.get("BENCH_REDIS_URL"):
+        # At valgrind's speed (50-100 times slower) a default timeout can fire where it never
+        # would natively; no health-check PING every 15 s of wall time either (it would count).
+        redis = {"redis_url": os.environ["BENCH_REDIS_URL"], "redis_socket_timeout": 60.0,
+                 "redis_connect_timeout": 60.0, "redis_health_check_interval": 0}
     broker = Broker(Settings(_env_file=None, keepalive_interval=3600, outage_check_interval=3600,  # type: ignore[call-arg]
                              **redis))
     app = create_app(broker=broker)
@@ -84,39 +92,49 @@ async def workload(changes: int) -> int:
         sids.append(sid)
         subscribe = {"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe", "params": {"uri": f"x:u{i // FANOUT}"}}
         await _call(app, "POST", "/mcp", orjson.dumps(subscribe), [(b"mcp-session-id", sid), *version])
-    frames, target = 0, 0
-    arrived = asyncio.Event()
+    frames, target, primed = 0, 0, 0
+    arrived, started, leave = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def stream(sid: bytes) -> None:
+        first = True
+
         async def receive() -> dict[str, Any]:
-            await asyncio.sleep(3600)
+            await leave.wait()
             return {"type": "http.disconnect"}
 
         async def send(message: Any) -> None:
-            nonlocal frames
+            nonlocal frames, primed, first
             if message["type"] == "http.response.body":
-                frames += message.get("body", b"").count(b"data: {")
+                body = message.get("body", b"")
+                if first and body.startswith(b"id: "):  # the priming event: the stream has started
+                    first = False
+                    primed += 1
+                    if primed == SESSIONS:
+                        started.set()
+                frames += body.count(b"data: {")
                 if frames >= target:
                     arrived.set()
 
         await app(_scope("GET", "/mcp", [(b"mcp-session-id", sid), *version]), receive, send)
 
+    # Every stream has claimed its session and read its inbox before the first change (a fixed
+    # pause was too short under valgrind, and streams cut off mid-start are not the workload).
     tasks = [asyncio.create_task(stream(sid)) for sid in sids]
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(started.wait(), TIMEOUT)
     for k in range(changes):
         target = (k + 1) * FANOUT
         arrived.clear()
         change = {"uri": f"x:u{k % (SESSIONS // FANOUT)}", "meta": {"k": k}}
         await _call(app, "POST", "/changes", orjson.dumps(change), [])
-        await asyncio.wait_for(arrived.wait(), 60)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait_for(arrived.wait(), TIMEOUT)
+    # The clients go away (as over HTTP), rather than their tasks being cancelled.
+    leave.set()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), TIMEOUT)
     await broker.stop()
     return frames
 
 
-def _count(changes: int, backend: str) -> int:
+def _count(changes: int, backend: str, keep: str | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         env.pop("BENCH_REDIS_URL", None)
@@ -137,6 +155,9 @@ def _count(changes: int, backend: str) -> int:
             if redis is not None:
                 redis.terminate()
                 redis.wait(10)
+            if keep:  # for callgrind_annotate (--inclusive=yes): where a frame's instructions go
+                os.makedirs(keep, exist_ok=True)
+                os.replace(f"{tmp}/cg.out", os.path.join(keep, f"callgrind.{backend}.{changes}.out"))
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
         raise SystemExit(f"no callgrind total in:\n{out.stderr[-2000:]}")
@@ -165,6 +186,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=300)
     parser.add_argument("--backend", choices=["memory", "redis", "both"], default="both")
+    parser.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)  # the workload itself, under valgrind
     args = parser.parse_args()
     if args.run is not None:
@@ -172,7 +194,7 @@ def main() -> int:
         return 0
     frames = args.changes * FANOUT
     for backend in ("memory", "redis") if args.backend == "both" else (args.backend,):
-        base, loaded = _count(0, backend), _count(args.changes, backend)
+        base, loaded = _count(0, backend, args.keep), _count(args.changes, backend, args.keep)
         print(f"{backend} backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
               f"({args.changes} changes, {frames} frames; totals {base:,} and {loaded:,})", flush=True)
     return 0

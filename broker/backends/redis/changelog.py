@@ -75,7 +75,7 @@ class RedisChangeLog(FencedReads, LagReport):
         self.cluster = cluster
         self.partitioning = Partitioning(client, keys, scripts, settings.changelog_partitions)
         self.leases = PartitionLeases(client, keys, scripts, partitions=self.partitioning.reading.numbers,
-                                      lease_ms=max(settings.fanout_claim_idle_ms, 30))
+                                      lease_ms=max(settings.fanout_claim_idle_ms, 30), cluster=cluster)
         self._rotate = 0
         self._unreadable: list[str] = []
         self._next_look = 0.0

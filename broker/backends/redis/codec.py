@@ -223,15 +223,23 @@ def split_node_wakes(entries: Sequence[NodeWake], max_bytes: int) -> list[bytes]
     return messages
 
 
-def _node_wakes(first: int, packed: bytes | None) -> list[Wake]:
-    if packed is None:
-        return [Wake("frames", first)]
-    return [Wake("frames", first + i, frame=frame) for i, frame in enumerate(_frames(packed))]
-
-
 def decode_node_wakes(payload: bytes) -> list[tuple[str, list[Wake]]]:
-    """Per session, the frame wake-ups in one message of a node channel (empty for a malformed one)."""
+    """Per session, the frame wake-ups in one message of a node channel (empty for a malformed one).
+
+    Sessions of one URI carry the same packed frames: each distinct packing is decoded once per
+    message and its (immutable) frames shared, not decoded again for every session.
+    """
+    decoded: dict[bytes, list[Frame]] = {}
+    out: list[tuple[str, list[Wake]]] = []
     try:
-        return [(sid, _node_wakes(first, packed)) for sid, first, packed in msgpack.unpackb(payload, raw=False)]
+        for sid, first, packed in msgpack.unpackb(payload, raw=False):
+            if packed is None:
+                out.append((sid, [Wake("frames", first)]))
+                continue
+            frames = decoded.get(packed)
+            if frames is None:
+                frames = decoded[packed] = list(_frames(packed))
+            out.append((sid, [Wake("frames", first + i, frame=frame) for i, frame in enumerate(frames)]))
     except (ValueError, TypeError):
         return []
+    return out

@@ -51,6 +51,12 @@ from redis.backoff import ExponentialBackoff
 from broker.config import Settings
 from broker.errors import BackendUnavailable
 
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # redis-py packs in Python without it
+    _hiredis_pack = None
+
 __all__ = ["Client", "ClientFactory", "Clients", "open_clients", "unavailable"]
 
 #: A client of one server (plain, TLS, Sentinel's master) or of a Cluster.
@@ -139,6 +145,67 @@ class _DiscardUnsent(Connection):
         # error, and so its 503, must come after the kernel has dropped the send queue.
         await super().disconnect(nowait=False, error=error, failure_count=failure_count,
                                  health_check_failed=health_check_failed)
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """redis-py's, without ``asyncio.wait_for`` around the write.
+
+        On Python 3.11 ``wait_for`` runs the write in a task of its own, and when the caller is
+        cancelled just as that task finishes it returns normally and the cancellation is lost
+        (fixed in 3.12): a stream's request task cancelled mid-command then never ended. It was
+        also a task, a future and a timer per command sent. The write is handed to the
+        transport at once; only a transport that could not take it all (its buffer above the
+        high-water mark) is waited for, under ``socket_timeout`` as before.
+        """
+        if not self.is_connected:
+            await self.connect_check_health(check_health=False)
+        if check_health:
+            await self.check_health()  # type: ignore[no-untyped-call]
+        writer = self._writer
+        try:
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            assert writer is not None
+            writer.writelines(command)
+            if writer.transport.get_write_buffer_size() == 0 or not self.socket_timeout:
+                await writer.drain()  # nothing is buffered: returns at once (raises if the connection is lost)
+            else:
+                async with asyncio.timeout(self.socket_timeout):
+                    await writer.drain()
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise rexc.TimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            await self.disconnect(nowait=True)
+            raise rexc.ConnectionError(f"Error while writing to socket: {exc}.") from exc
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """The command in RESP, packed by hiredis's C packer as redis-py's synchronous client does.
+
+        redis-py's asyncio connection packs in Python, a function call and several type checks
+        per argument and a bytes join per argument: fan-out's pipelines carry a few hundred
+        arguments per batch (an inbox append is six per session). In ``bench.instructions``
+        on Redis that was about 25 encoder calls and 180 ``isinstance`` checks of the 1,070
+        Python calls per delivered frame (bench/NOTES.md). Anything hiredis refuses (a bool,
+        an unknown type) is redis-py's to pack, or to refuse with its own error; a non-UTF-8
+        client encoding too.
+        """
+        if _hiredis_pack is None or self.encoder.encoding != "utf-8" or self.encoder.encoding_errors != "strict":
+            return super().pack_command(*args)
+        first = args[0]
+        # As redis-py: a command name with spaces ("CONFIG GET") is several arguments.
+        if isinstance(first, str):
+            args = (*first.encode().split(), *args[1:])
+        elif isinstance(first, bytes) and b" " in first:
+            args = (*first.split(), *args[1:])
+        try:
+            return [_hiredis_pack(args)]
+        except TypeError:
+            return super().pack_command(*args)
 
     def _close(self) -> None:  # redis-py's synchronous close, outside a task (garbage collection)
         if self._writer is not None:

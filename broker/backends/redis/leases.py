@@ -1,7 +1,7 @@
 """Leases on Redis: each fan-out consumer's share of the change-log partitions, and named leases.
 
-Both are ``partition_lease.lua`` on a key of their own: one holder at a time, for a ttl after
-its last renewal, taken by the next that asks once it lapses.
+Both are ``partition_lease.lua``, a key per lease (on a single server one call holds several):
+one holder at a time, for a ttl after its last renewal, taken by the next that asks once it lapses.
 
 Partition leases (``P:{c:<n>}:lease``)
     Each partition of the change log is read by one fan-out consumer at a time, the holder of
@@ -19,6 +19,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -60,8 +61,10 @@ class ConsumerShare:
 class PartitionLeases:
     """The partition leases of this process's fan-out consumers, and the registry of live consumers."""
 
-    def __init__(self, client: Client, keys: Keys, scripts: Scripts, *, partitions: list[int], lease_ms: int) -> None:
+    def __init__(self, client: Client, keys: Keys, scripts: Scripts, *, partitions: list[int], lease_ms: int,
+                 cluster: bool = False) -> None:
         self.client = client
+        self.cluster = cluster
         self.keys = keys
         self.scripts = scripts
         #: The numbers of the partitions fan-out reads (the layout ``partitioning`` says, or the one it drains).
@@ -70,6 +73,33 @@ class PartitionLeases:
         self._shares: dict[str, ConsumerShare] = {}
         #: Live fan-out consumers, as the registry last said.
         self._live = 1
+
+    def _lease_calls(self, batch: Batch, partitions: Sequence[int], args: Sequence[Any]) -> list[list[int]]:
+        """Adds ``partition_lease`` calls for ``partitions`` to ``batch``: one for them all on a
+        single server, one per partition on Cluster (each lease is a slot of its own). Returns
+        the partitions of each call, for ``_replies``.
+
+        One call per partition was a script call per partition per fan-out read: with 16
+        partitions, about a tenth of a delivered frame's instructions at one change per batch
+        (bench/NOTES.md).
+        """
+        groups = [[p] for p in partitions] if self.cluster or len(partitions) < 2 else [list(partitions)]
+        for group in groups:
+            batch.call(self.scripts.partition_lease, [self.keys.lease(p) for p in group], args)
+        return groups
+
+    @staticmethod
+    def _replies(groups: list[list[int]], results: Sequence[Any]) -> dict[int, int]:
+        """Per partition, its ``partition_lease`` reply (0 for a call that failed)."""
+        replies: dict[int, int] = {}
+        for group, result in zip(groups, results, strict=False):
+            if isinstance(result, Exception):
+                replies.update((p, 0) for p in group)
+            elif len(group) == 1:
+                replies[group[0]] = int(result)
+            else:
+                replies.update((p, int(r)) for p, r in zip(group, result, strict=True))
+        return replies
 
     def share_of(self, consumer: str) -> ConsumerShare:
         share = self._shares.get(consumer)
@@ -113,19 +143,15 @@ class PartitionLeases:
         free = [p for p in (numbers[(start + i) % count] for i in range(count)) if p not in before]
         asked = keep + (free if len(keep) < share else [])
         batch = Batch(self.client)
-        for partition in asked:
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, self.lease_ms])
-        for partition in surplus:
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        groups = self._lease_calls(batch, asked, [consumer, self.lease_ms])
+        self._lease_calls(batch, surplus, [consumer, 0])
         # Per call: on Cluster a partition whose node is away is simply not held this time.
-        results = await batch.execute(raise_errors=False)
-        replies = {p: (0 if isinstance(r, Exception) else int(r)) for p, r in zip(asked, results, strict=False)}
+        replies = self._replies(groups, await batch.execute(raise_errors=False))
         got = [partition for partition in asked if replies[partition]]
         if len(got) > share:  # took more free partitions than its share: give the extra back
             got, extra = got[:share], got[share:]
             batch = Batch(self.client)
-            for partition in extra:
-                batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+            self._lease_calls(batch, extra, [consumer, 0])
             await batch.execute()
         held = sorted(got)
         for partition in numbers:
@@ -152,14 +178,13 @@ class PartitionLeases:
             try:
                 held = list(holding.held)
                 batch = Batch(self.client)
-                for partition in held:  # renew only: a heartbeat never takes a partition
-                    batch.call(self.scripts.partition_lease, [self.keys.lease(partition)],
-                               [consumer, self.lease_ms, "renew"])
+                # Renew only: a heartbeat never takes a partition.
+                groups = self._lease_calls(batch, held, [consumer, self.lease_ms, "renew"])
                 if len(self.partitions) > 1:
                     batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, self.lease_ms])
-                results = await batch.execute()
+                replies = self._replies(groups, await batch.execute())
                 # A partition lost meanwhile is new again to the next hold (which sweeps it).
-                holding.held = [p for p, result in zip(held, results, strict=False) if int(result)]
+                holding.held = [p for p in held if replies.get(p)]
             except Exception:  # the next read renews, or sweeps what was lost
                 raise_if_cancelled()
                 logger.debug("fan-out lease heartbeat failed", exc_info=True)
@@ -179,8 +204,7 @@ class PartitionLeases:
         # Every partition, not only those of the last successful hold: a read cut short (the
         # consumer is being cancelled) forgets what it held, and the script checks the holder.
         batch = Batch(self.client)
-        for partition in self.partitions:
-            batch.call(self.scripts.partition_lease, [self.keys.lease(partition)], [consumer, 0])
+        self._lease_calls(batch, self.partitions, [consumer, 0])
         if len(self.partitions) > 1:
             batch.call(self.scripts.fanout_consumers, [self.keys.fanout_consumers], [consumer, 0])
         await batch.execute()
