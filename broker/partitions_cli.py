@@ -102,7 +102,8 @@ async def _act(settings: Settings, args: argparse.Namespace, where: str) -> int:
             if args.action != "set":
                 print(_describe(partitioning))
                 return 0
-            resume = partitioning.moving and partitioning.write.count == args.count
+            # A set cut short, or one whose wait ran out: finish it (move what is left, wait again).
+            resume = (partitioning.moving or partitioning.drain is not None) and partitioning.write.count == args.count
             if not resume:
                 try:
                     await partitioning.switch(args.count)

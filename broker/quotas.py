@@ -170,6 +170,8 @@ class Quotas:
         #: The leases this worker holds, renewed together by ``run``, with how many of its streams
         #: hold each (a session's stream and the one taking it over, both here for a moment).
         self.held: dict[Lease, int] = {}
+        #: Places a stream that was not taken over let go of, while another of this worker held them too.
+        self._given_up: set[Lease] = set()
         self._node = secrets.token_hex(4)
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -202,10 +204,17 @@ class Quotas:
         if lease is None or lease not in self.held:
             return
         self.held[lease] -= 1
+        if not keep:
+            # A stream that was not taken over ended: once this worker holds the place no more,
+            # it goes back, even when the last to let it go here is the stream taken over (the
+            # two end in either order).
+            self._given_up.add(lease)
         if self.held[lease] > 0:
             return  # another stream of this worker holds the same place
         del self.held[lease]
-        if not keep:
+        given_up = lease in self._given_up
+        self._given_up.discard(lease)
+        if given_up:
             task = asyncio.get_running_loop().create_task(self._release(lease))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -99,3 +99,39 @@ async def test_a_switch_keeps_each_uris_order_and_moves_the_records(redis_server
     finally:
         await first.close()
         await stale.close()
+
+
+async def test_a_drain_that_ends_while_records_move_leaves_them_moving_and_readable(backend: RedisBackend) -> None:
+    """Fan-out may find the old partitions empty before the records are moved: the drain waits for
+    them (ending it first left record writes refused for good, the last step's compare-and-set lost)."""
+    assert await backend.records.write("t", "c", "1", b'{"v": 1}', Change("t", "mcpb://t/c/1"))
+    partitioning = backend.changelog.partitioning
+    other = backend.changelog.partitioning.__class__(backend.redis, backend.keys, backend.scripts, None)
+    await other.start()
+    taken = await backend.changelog.read("consumer", 10, 0)  # fan-out has processed the record's change
+    await backend.changelog.ack([change_id for change_id, _ in taken])
+    await partitioning.switch(4)
+    await other.load()
+    # Nothing is left to fan out in the old layout, but records still move: it is not dropped.
+    assert await other.finish_drain() is False and other.drain is not None
+    assert await backend.records.read("t", "c", "1") == b'{"v": 1}'
+    assert await partitioning.move_records() == 1
+    assert partitioning.moving is False
+    await other.load()  # as a fan-out worker looks at the layouts before it tries to end the drain
+    assert await other.finish_drain() is True
+    await partitioning.load()
+    assert partitioning.drain is None and not partitioning.moving
+    assert await backend.records.read("t", "c", "1") == b'{"v": 1}'
+
+
+async def test_layouts_lost_with_the_store_are_put_back_not_made_anew(backend: RedisBackend) -> None:
+    partitioning = backend.changelog.partitioning
+    await partitioning.switch(4)
+    assert await partitioning.move_records() == 0
+    assert await partitioning.finish_drain() is True
+    numbers = partitioning.write.numbers
+    await backend.redis.delete(backend.keys.partitioning)  # as after a restart that lost the data
+    await partitioning.load()
+    fresh = partitioning.__class__(backend.redis, backend.keys, backend.scripts, None)
+    await fresh.start()
+    assert fresh.write.numbers == numbers  # the layout a worker started now finds, not a first one

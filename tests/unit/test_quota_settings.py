@@ -60,3 +60,26 @@ def test_anonymous_quotas_name_only_the_tenants_there_are(monkeypatch: pytest.Mo
     monkeypatch.setenv("MCP_BROKER_QUOTAS", '{"nobody": {"sessions": 1}}')
     problems = _settings_problems()
     assert len(problems) == 1 and "'nobody' is not a configured tenant" in problems[0], problems
+
+
+async def test_a_taken_over_streams_place_goes_back_whichever_of_the_two_ends_last() -> None:
+    """A session's stream taken over by a newer one on the same worker: the two hold one place,
+    and it goes back when both have ended, in either order (else it stayed until it lapsed)."""
+    import asyncio
+
+    from broker.backends.memory.quotas import MemoryQuotas
+    from broker.quotas import Quotas
+
+    for order in ("newer first", "taken over first"):
+        store = MemoryQuotas()
+        quotas = Quotas(store, TenantQuotas.parse({"acme": {"streams": 1}}, {"acme"}))
+        older = await quotas.acquire("streams", "acme", "session-1")
+        newer = await quotas.acquire("streams", "acme", "session-1")  # the takeover: the same place
+        if order == "newer first":
+            quotas.release(newer)  # the client went away
+            quotas.release(older, keep=True)  # the stream it took over
+        else:
+            quotas.release(older, keep=True)
+            quotas.release(newer)
+        await asyncio.gather(*quotas._tasks)  # the release runs in the background
+        assert await quotas.acquire("streams", "acme", "session-2") is not None, order

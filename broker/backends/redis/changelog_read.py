@@ -174,8 +174,10 @@ class FencedReads:
                 order = held[self._rotate:] + held[:self._rotate]
                 found = await self._readgroup(consumer, order, count, chunk if chunk > 0 else None)
             else:
-                # A blocking read spans one slot in Cluster: poll every partition, then block on one.
-                for p in held:
+                # A blocking read spans one slot in Cluster: poll every partition, from one that
+                # turns with every read (a busy one cannot keep the others waiting), then block on one.
+                self._rotate = (self._rotate + 1) % len(held)
+                for p in held[self._rotate:] + held[:self._rotate]:
                     found += await self._readgroup(consumer, [p], count - len(found), None)
                     if len(found) >= count:
                         break

@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 #: Partitions of a new deployment's change log: enough for a handful of workers to share one tenant's fan-out.
 DEFAULT_PARTITIONS = 16
+#: Tries of a field change of the layouts that others may change at the same moment.
+REPLACE_TRIES = 20
 
 
 class PartitionMismatch(BrokerError):
@@ -153,8 +155,15 @@ class Partitioning:
         return None if legacy is None else int(legacy)
 
     async def load(self) -> bool:
-        """Read the layouts again; True when they changed."""
+        """Read the layouts again; True when they changed.
+
+        When Redis has lost them (it restarted empty), this process's copy is put back rather
+        than kept in silence: a worker starting on the empty store would otherwise make a
+        first layout of its own, and the others would go on appending where nobody reads.
+        """
         raw = await self.client.get(self.keys.partitioning)
+        if raw is None and self._raw:
+            raw = await self.scripts.get_or_set(keys=[self.keys.partitioning], args=[self._raw])
         if raw is None or as_text(raw) == self._raw:
             return False
         self._adopt(as_text(raw))
@@ -167,14 +176,22 @@ class Partitioning:
         self.drain = _layout(value.get("drain"))
         self.moving = bool(value.get("moving"))
 
-    async def _replace(self, **changes: Any) -> bool:
-        """Compare-and-set the layouts against the copy this process holds; True when it won."""
-        value = json.loads(self._raw)
-        value.update(changes)
-        new = json.dumps(value)
-        won = int(await self.scripts.compare_and_set(keys=[self.keys.partitioning], args=[self._raw, new]))
-        await self.load()
-        return bool(won)
+    async def _replace(self, *, again: bool = False, **changes: Any) -> bool:
+        """Compare-and-set the layouts against the copy this process holds; True when it won.
+
+        ``again``: when another process changed them meanwhile (a drain ended while records
+        moved), read them again and make the change on what is there now, until it lands. A
+        switch does not: a layout changed under it means another switch, which it must not undo.
+        """
+        for _ in range(REPLACE_TRIES if again else 1):
+            value = json.loads(self._raw)
+            value.update(changes)
+            new = json.dumps(value)
+            won = int(await self.scripts.compare_and_set(keys=[self.keys.partitioning], args=[self._raw, new]))
+            await self.load()
+            if won:
+                return True
+        return False
 
     async def create_groups(self) -> None:
         from redis.exceptions import ResponseError
@@ -215,12 +232,14 @@ class Partitioning:
         drain = self.drain
         if drain is None:
             return True
+        if self.moving:
+            return False  # records still move from it: it stays readable until they are all moved
         for partition in drain.numbers:
             if not await self.client.exists(self.keys.sealed(partition)):
                 return False
             if await self.client.xlen(self.keys.log(partition)):
                 return False
-        await self._replace(drain=None)
+        await self._replace(again=True, drain=None)
         if self.drain is None:
             logger.info("change log drained: %d partitions from number %d now", self.write.count, self.write.base)
         return self.drain is None
@@ -246,7 +265,8 @@ class Partitioning:
             for pattern in (f"{tag}:cols:*", f"{tag}:use:*"):
                 async for raw in self.client.scan_iter(match=pattern, count=500):
                     await self.client.delete(raw)
-        await self._replace(moving=False)
+        if not await self._replace(again=True, moving=False):
+            raise PartitionMismatch("the layouts kept changing while the records moved; run the command again")
         return moved
 
     async def _move_collection(self, old: int, tenant: str, collection: str) -> None:

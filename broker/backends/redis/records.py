@@ -127,11 +127,16 @@ class RedisRecords:
         return [partitioning.write]
 
     async def read(self, tenant: str, collection: str, record_id: str) -> bytes | None:
+        """The record; a miss reads the layouts again first (a switch may have moved it where this
+        process does not look yet: a worker that neither publishes nor fans out learns of it here)."""
         with unavailable("records.read"):
-            for layout in self._places():
-                data = await self.client.hget(self._record_keys(tenant, collection, layout)[0], record_id)
-                if data is not None:
-                    return cast("bytes", data)
+            for attempt in range(2):
+                for layout in self._places():
+                    data = await self.client.hget(self._record_keys(tenant, collection, layout)[0], record_id)
+                    if data is not None:
+                        return cast("bytes", data)
+                if attempt or not await self.changelog.partitioning.load():
+                    break
         return None
 
     async def delete(self, tenant: str, collection: str, record_id: str, change: Change) -> bool:
@@ -147,6 +152,7 @@ class RedisRecords:
             return []
         found: set[str] = set()
         with unavailable("records.ids"):
+            await self.changelog.partitioning.load()  # a listing never from a layout a switch left behind
             for layout in self._places():
                 key = self._record_keys(tenant, collection, layout)[1]
                 ids = await self.client.zrangebylex(key, f"({after}" if after else "-", "+", start=0, num=limit)
@@ -155,6 +161,8 @@ class RedisRecords:
 
     async def collections(self, tenant: str) -> list[str]:
         """The tenant's non-empty collections, from each partition of the layout (one round trip)."""
+        with unavailable("records.collections"):
+            await self.changelog.partitioning.load()  # as ``ids``: never from a layout a switch left behind
         batch = Batch(self.client)
         for layout in self._places():
             for partition in layout.numbers:
