@@ -19,6 +19,7 @@ RUN python3 -m venv /opt/venv && pip install -r /opt/constraints.txt
 COPY pyproject.toml README.md ./
 COPY broker ./broker
 COPY workers ./workers
+COPY broker_client ./broker_client
 # --no-deps: everything it needs is installed above; `pip check` fails the build if the
 # constraints no longer satisfy pyproject.toml.
 RUN pip install --no-deps . && pip check && rm -rf /app/build \
