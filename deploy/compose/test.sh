@@ -112,7 +112,7 @@ export MCPB_IMAGE=mcpb-compose-test/broker:latest
 say "building $MCPB_IMAGE on $base"
 # The context is exactly what the Dockerfile copies (not .venv and other local files).
 tar -C "$root" -c --exclude=__pycache__ --exclude='*.pyc' \
-    Dockerfile pyproject.toml README.md broker workers deploy/constraints.txt \
+    Dockerfile pyproject.toml README.md broker broker_client workers deploy/constraints.txt \
   | timeout 900 docker build --network host --build-arg "BASE=$base" -t "$MCPB_IMAGE" - >"$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log" >&2; echo "compose-test: the image did not build" >&2; exit 1; }
 if [ -z "${MCPB_REDIS_IMAGE:-}" ]; then
