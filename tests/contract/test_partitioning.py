@@ -135,3 +135,22 @@ async def test_layouts_lost_with_the_store_are_put_back_not_made_anew(backend: R
     fresh = partitioning.__class__(backend.redis, backend.keys, backend.scripts, None)
     await fresh.start()
     assert fresh.write.numbers == numbers  # the layout a worker started now finds, not a first one
+
+
+async def test_a_drain_ends_when_what_is_left_in_an_old_partition_was_processed(backend: RedisBackend) -> None:
+    """An entry fan-out acknowledged without trimming it (an unreadable one, or a log an older
+    version wrote) does not keep the drain from ending: it is trimmed then; one pending does."""
+    changelog = backend.changelog
+    await changelog.publish(Change("t", "x:left"))
+    partition = changelog.partition("t", "x:left")
+    key = backend.keys.log(partition)
+    taken = await backend.redis.xreadgroup("fanout", "old-version", {key: ">"}, count=10)
+    entry_id = taken[0][1][0][0]
+    partitioning = changelog.partitioning
+    await partitioning.switch(4)
+    assert await partitioning.move_records() == 0
+    assert await partitioning.finish_drain() is False  # pending: still being fanned out
+    await backend.redis.xack(key, "fanout", entry_id)  # acknowledged, not trimmed
+    assert await backend.redis.xlen(key) == 1
+    assert await partitioning.finish_drain() is True
+    assert partitioning.drain is None

@@ -237,12 +237,28 @@ class Partitioning:
         for partition in drain.numbers:
             if not await self.client.exists(self.keys.sealed(partition)):
                 return False
-            if await self.client.xlen(self.keys.log(partition)):
+            if await self.client.xlen(self.keys.log(partition)) and not await self._trim_processed(partition):
                 return False
         await self._replace(again=True, drain=None)
         if self.drain is None:
             logger.info("change log drained: %d partitions from number %d now", self.write.count, self.write.base)
         return self.drain is None
+
+    async def _trim_processed(self, partition: int) -> bool:
+        """Trim a sealed partition of what fan-out has read and acknowledged; True when it is then empty.
+
+        Fan-out trims as it acknowledges, up to what that acknowledgement covers; an entry it
+        dropped as unreadable, or a log an older version wrote, can stay behind, and nothing new
+        comes to a sealed partition to trim it: its drain would never end.
+        """
+        key = self.keys.log(partition)
+        groups = {as_text(g["name"]): g for g in await self.client.xinfo_groups(key)}
+        group = groups.get(FANOUT_GROUP)
+        if group is None or int(group["pending"]):
+            return False  # still being fanned out
+        ms, _, seq = as_text(group["last-delivered-id"]).partition("-")
+        await self.client.xtrim(key, minid=f"{ms}-{int(seq or 0) + 1}", approximate=False)
+        return not await self.client.xlen(key)
 
     async def move_records(self) -> int:
         """Move every record collection of the drained layout to its partition in the new one; how many moved.
