@@ -154,3 +154,27 @@ async def test_a_drain_ends_when_what_is_left_in_an_old_partition_was_processed(
     assert await backend.redis.xlen(key) == 1
     assert await partitioning.finish_drain() is True
     assert partitioning.drain is None
+
+
+async def test_a_list_retried_after_a_seal_appends_each_change_once(backend: RedisBackend) -> None:
+    """On Cluster a list goes partition by partition; when one partition meets its seal, only
+    what is not appended yet is sent again (the others' changes would land twice, under new ids)."""
+    from broker.backends.redis import changelog as module
+
+    changelog = backend.changelog
+    changelog.cluster = True  # the Cluster path: one call per partition (each is one slot anyway)
+    changes = [Change("t", f"x:{n}") for n in range(20)]
+    sealed_once = {changelog.partition("t", changes[0].uri)}
+    real = changelog._append_group
+
+    async def append_group(groups: dict[int, list[Change]]) -> list[str]:
+        if set(groups) & sealed_once:
+            sealed_once.clear()
+            raise module._Sealed()
+        return await real(groups)
+
+    changelog._append_group = append_group  # type: ignore[method-assign]
+    ids = await changelog.publish_many(changes)
+    assert len(set(ids)) == len(changes) and all(ids)
+    lengths = [await backend.redis.xlen(backend.keys.log(p)) for p in changelog.partitioning.numbers()]
+    assert sum(lengths) == len(changes)

@@ -179,37 +179,44 @@ class RedisChangeLog(FencedReads, LagReport):
         """
         if not changes:
             return []
+        ids: list[str | None] = [None] * len(changes)
         with unavailable("changelog.publish"):
             for _ in range(SEALED_TRIES):
                 try:
-                    return await self._publish(changes)
+                    # Only what is not appended yet: on Cluster, the partitions that took their
+                    # changes before another met its seal keep them (sent again, they would be
+                    # appended twice, under new ids no duplicate check knows).
+                    await self._publish(changes, [i for i, found in enumerate(ids) if found is None], ids)
+                    return [found or "" for found in ids]
                 except _Sealed:
                     await asyncio.sleep(0.02)
                     await self.partitioning.load()
         raise BackendUnavailable("the change log is switching partitions; publish again shortly")
 
-    async def _publish(self, changes: Sequence[Change]) -> list[str]:
+    async def _publish(self, changes: Sequence[Change], todo: list[int], ids: list[str | None]) -> None:
+        """Append ``changes[i]`` for each ``i`` of ``todo``, writing each one's id into ``ids``."""
         route = self.partitioning.write.route
         positions: dict[int, list[int]] = {}
-        for i, change in enumerate(changes):
-            positions.setdefault(route(change.tenant, change.uri), []).append(i)
+        for i in todo:
+            positions.setdefault(route(changes[i].tenant, changes[i].uri), []).append(i)
         groups = {partition: [changes[i] for i in at] for partition, at in positions.items()}
         if not self.cluster or len(groups) == 1:
             found = await self._append_group(groups)
-            ids: list[str] = [""] * len(changes)
             flat = (i for at in positions.values() for i in at)
             for i, change_id in zip(flat, found, strict=True):
                 ids[i] = change_id
-            return ids
+            return
         results = await asyncio.gather(*(self._append_group({p: group}) for p, group in groups.items()),
                                        return_exceptions=True)
-        ids = [""] * len(changes)
+        failure: BaseException | None = None
         for at, result in zip(positions.values(), results, strict=True):
             if isinstance(result, BaseException):
-                raise result
+                failure = failure or result
+                continue
             for i, change_id in zip(at, result, strict=True):
                 ids[i] = change_id
-        return ids
+        if failure is not None:
+            raise failure
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         """Up to ``count`` changes of the partitions ``consumer`` holds, in log order per partition.
