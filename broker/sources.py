@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from broker.backends.base import Leases
-from broker.errors import BackendUnavailable, raise_if_cancelled
+from broker.leasing import HeldLease, stop_task
 from broker.metrics import NO_METRICS, Metrics
 from broker.publisher import Publisher
 from broker.resources.base import ResourceProvider
@@ -69,12 +69,9 @@ class SourceRunner:
                  metrics: Metrics = NO_METRICS) -> None:
         self.source = source
         self.publisher = publisher
-        self.leases = leases
-        self.lease = lease_ms / 1000
         self.owner = f"{source.name}-{secrets.token_hex(4)}"
         self._running = metrics.gauge("mcp_broker_sources_running", source=source.name)
-        #: Loop time at which the last successful hold was sent: the lease is ours until then + lease.
-        self._held_since = 0.0
+        self._lease = HeldLease(leases, self.lease_name, self.owner, lease_ms, f"change source {source.name}")
 
     @property
     def lease_name(self) -> str:
@@ -85,8 +82,8 @@ class SourceRunner:
         loop = asyncio.get_running_loop()
         backoff = 0.5
         while True:
-            if self.source.exclusive and not await self._hold():  # another holds it, or no answer
-                await asyncio.sleep(self.lease / 3)
+            if self.source.exclusive and not await self._lease.hold():  # another holds it, or no answer
+                await asyncio.sleep(self._lease.lease / 3)
                 continue
             began = loop.time()
             outcome = await self._run_once()
@@ -98,31 +95,6 @@ class SourceRunner:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
 
-    async def _hold(self) -> bool | None:
-        """Take or renew the lease, within the time it has left: True when this worker holds it now,
-        False when another one does, None when the lease store did not answer in time."""
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        # A renewal may take no longer than the margin that is left; a first take, a third of a lease.
-        deadline = sent + self.lease / 3
-        if self._held_since:
-            deadline = max(self._held_since + self.lease * 2 / 3, sent + 0.001)
-        try:
-            async with asyncio.timeout(deadline - sent):
-                held = await self.leases.hold(self.lease_name, self.owner, int(self.lease * 1000))
-        except Exception as exc:  # the lease store's failure is a lease not known to be held (a bug is logged)
-            raise_if_cancelled()
-            if not isinstance(exc, BackendUnavailable | TimeoutError):
-                logger.exception("change source %s: its lease could not be asked for", self.source.name)
-            return None
-        if held:
-            self._held_since = sent
-        return held
-
-    def _trusted(self) -> bool:
-        """The lease is surely still ours: less than two thirds of it since the last renewal was sent."""
-        return asyncio.get_running_loop().time() < self._held_since + self.lease * 2 / 3
-
     async def _run_once(self) -> str:
         """Run the source until it returns (``finished``), fails (``failed``) or loses its lease (``lost``)."""
         task = asyncio.create_task(self.source.run(self.publisher), name=f"source-{self.source.name}")
@@ -130,16 +102,16 @@ class SourceRunner:
         lost = False
         try:
             if self.source.exclusive:
-                lost = await self._keep_lease(task)
+                lost = await self._lease.keep(task)
             else:
                 await asyncio.wait({task})
         finally:
             try:
-                await self._stop(task)
+                await stop_task(task)
             finally:
                 self._running.dec()
                 if self.source.exclusive:
-                    await self._release()  # only once the source has stopped
+                    await self._lease.release()  # only once the source has stopped
         if lost:
             return "lost"
         if task.cancelled():
@@ -148,36 +120,3 @@ class SourceRunner:
             logger.error("change source %s failed; starting it again", self.source.name, exc_info=error)
             return "failed"
         return "finished"
-
-    async def _keep_lease(self, task: asyncio.Task[None]) -> bool:
-        """Renew the lease while ``task`` runs; True when it was lost (the task must stop), False once it ended."""
-        while not task.done():
-            await asyncio.wait({task}, timeout=self.lease / 3)
-            if task.done():
-                return False
-            held = await self._hold()
-            if held is False or (held is None and not self._trusted()):
-                logger.warning("change source %s lost its lease; stopping it here", self.source.name)
-                return True
-        return False
-
-    @staticmethod
-    async def _stop(task: asyncio.Task[None]) -> None:
-        """Cancel ``task`` and wait until it has ended, whatever cancellations reach this one meanwhile."""
-        cancelled = False
-        while not task.done():
-            task.cancel()
-            try:
-                await asyncio.wait({task})
-            except asyncio.CancelledError:
-                cancelled = True  # a shutdown repeats its cancel: still wait for the source to stop
-        if cancelled:
-            raise asyncio.CancelledError
-
-    async def _release(self) -> None:
-        self._held_since = 0.0
-        try:
-            async with asyncio.timeout(1.0):
-                await self.leases.release(self.lease_name, self.owner)
-        except (BackendUnavailable, TimeoutError):
-            pass  # it lapses by itself
