@@ -112,7 +112,9 @@ class FencedReads:
         newest: dict[int, str] = {}
         for partition, reply in zip(partitions, replies, strict=True):
             if not int(reply[0]):
-                continue  # the lease lapsed: the next hold finds out, and sweeps if it takes it back
+                # The lease lapsed: the next read holds again, and sweeps if it takes it back.
+                self.leases.lapsed(self.leases.share_of(consumer))
+                continue
             newest[partition] = as_text(reply[1])
             entries = [(entry_id, dict(zip(fields[0::2], fields[1::2], strict=True))) for entry_id, fields in reply[2]]
             out += self._parse(partition, entries)
@@ -154,6 +156,7 @@ class FencedReads:
     async def _read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(block_ms, 0) / 1000
+        retook = False
         while True:
             remaining = int((deadline - loop.time()) * 1000)
             holding = await self.leases.take_share(consumer)
@@ -185,6 +188,9 @@ class FencedReads:
                 if not found and chunk > 0:
                     self._rotate = (self._rotate + 1) % len(held)
                     found = await self._readgroup(consumer, [held[self._rotate]], count, chunk)
+            if not found and not holding.hold_again and not retook:
+                retook = True  # a lease lapsed since the last hold: hold again now, not at the next read
+                continue
             if found or loop.time() >= deadline:
                 return found
             if chunk > 0 and loop.time() < deadline - chunk / 1000 + 0.005:
