@@ -374,6 +374,7 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
         "python -m bench.fairness [--redis URL] [--seconds 10] [--flood-rate 500]   # tenant fairness",
         "```",
         "",
+        summary_block(),
         "## Method",
         "",
         "- Latency: scheduled publish time (`time.perf_counter()` in `meta.ts`) to the moment the SSE",
@@ -437,6 +438,13 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
             lines.append(f"\n{n}: client CPU {c:.0f}% > 70%: that run is not valid")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def summary_block() -> str:
+    """The summary against the targets (``bench/SUMMARY.md``): written from the tables below, by
+    hand, so it survives the tables being measured again."""
+    p = BENCH / "SUMMARY.md"
+    return p.read_text() if p.exists() else ""
 
 
 def notes_block() -> str:
