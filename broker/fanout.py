@@ -149,8 +149,8 @@ class Fanout:
         """Consume the change log until cancelled, surviving backend outages.
 
         On the way out the consumer gives up its leases, so another one takes its partitions
-        over at once instead of after ``fanout_claim_idle_ms`` (a rolling restart would stall
-        fan-out that long otherwise).
+        over at its next hold (within a sixth of ``fanout_claim_idle_ms``) instead of after
+        the whole lease (a rolling restart would stall fan-out that long otherwise).
         """
         reporter = None
         if self._metrics is not NO_METRICS:

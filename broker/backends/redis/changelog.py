@@ -222,7 +222,8 @@ class RedisChangeLog(FencedReads, LagReport):
         """Up to ``count`` changes of the partitions ``consumer`` holds, in log order per partition.
 
         A partition is read by one consumer at a time (its lease, ``fanout_claim_idle_ms``
-        long, renewed by every read and, while the caller works, by a heartbeat), so changes
+        long, renewed by a read once a sixth of it has passed and, while the caller works, by a
+        heartbeat), so changes
         are fanned out in the order they were published. What was handed out and not
         acknowledged by the next read (the batch failed, or a reply was lost) is handed out
         again first, oldest first, as is what a lapsed holder left pending in a partition taken

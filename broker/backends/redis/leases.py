@@ -38,18 +38,20 @@ HEARTBEAT_LEASES = 10
 #: A consumer's share is taken again (leases renewed, the registry asked) once this part of a
 #: lease has passed since the last time, not at every read: at the targeted benchmark point a
 #: fan-out batch holds a few changes, and the two round trips of a hold were a quarter of the
-#: batch's. A read is fenced by the lease anyway; renewing at a sixth of it leaves the read's
-#: longest block (a third) and the heartbeat's first renewal (a third) inside the lease.
+#: batch's. A read is fenced by the lease anyway, and the heartbeat of a batch renews a third
+#: of a lease after the last hold, so two thirds of a lease are left at every renewal.
 HOLD_EVERY_LEASE = 1 / 6
 
 
 class ConsumerShare:
     """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
 
-    __slots__ = ("handed", "heartbeat", "held", "hold_again", "sweep", "timer", "turn")
+    __slots__ = ("handed", "heartbeat", "held", "held_at", "hold_again", "sweep", "timer", "turn")
 
     def __init__(self) -> None:
         self.held: list[int] = []
+        #: Loop time at which the last successful hold began (its leases run a lease from then).
+        self.held_at = 0.0
         #: Loop time from which the next read takes the share again (0: at once).
         self.hold_again = 0.0
         self.turn = 0
@@ -137,8 +139,12 @@ class PartitionLeases:
         holding = self.share_of(consumer)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        if holding.held and began < holding.hold_again:
-            return holding  # held a moment ago (see HOLD_EVERY_LEASE)
+        if (began < holding.hold_again and holding.held and not holding.sweep
+                and all(p in self.partitions for p in holding.held)):
+            # Held a moment ago (see HOLD_EVERY_LEASE). Not when a sweep is owed (it claims
+            # without a fence: it follows a hold that has just confirmed the leases), nor
+            # after a switch of layouts (the old partitions go, the new ones are taken now).
+            return holding
         before = holding.held
         holding.held = []  # until this call succeeds: a failure makes every partition new again
         holding.hold_again = 0.0
@@ -181,6 +187,7 @@ class PartitionLeases:
         holding.held = held
         # The leases run a full lease from before this call. Below its share, the consumer asks
         # again then too: the others give their surplus up at their own next hold.
+        holding.held_at = began
         holding.hold_again = began + self.lease_ms * HOLD_EVERY_LEASE / 1000
         return holding
 
@@ -193,13 +200,16 @@ class PartitionLeases:
         """Start the heartbeat that renews ``share``'s leases until the consumer's next read.
 
         A timer first, the task only once it fires: a task created and cancelled per batch cost
-        more than the rest of the lease bookkeeping of a read.
+        more than the rest of the lease bookkeeping of a read. It fires a third of a lease after
+        the last hold (the last renewal), however long the read took, so two thirds of the lease
+        are left when it renews.
         """
         def start() -> None:
             share.timer = None
             share.heartbeat = asyncio.create_task(self._heartbeat(consumer, share), name="fanout-lease")
 
-        share.timer = asyncio.get_running_loop().call_later(self.lease_ms / 3000, start)
+        loop = asyncio.get_running_loop()
+        share.timer = loop.call_later(max(share.held_at + self.lease_ms / 3000 - loop.time(), 0.0), start)
 
     async def _heartbeat(self, consumer: str, holding: ConsumerShare) -> None:
         """Keep the leases while the caller fans out what it read (a batch may outlast a lease).
