@@ -61,7 +61,7 @@ class ConsumerShare:
         self.handed: set[str] = set()
         #: Renews the leases while the caller works on what it read.
         self.heartbeat: asyncio.Task[None] | None = None
-        #: Starts the heartbeat a third of a lease after a read (most batches are done by then).
+        #: Starts the heartbeat a third of a lease after the last hold (most batches are done by then).
         self.timer: asyncio.TimerHandle | None = None
 
     def stop_heartbeat(self) -> None:
