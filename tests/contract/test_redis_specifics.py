@@ -241,7 +241,7 @@ async def test_with_several_partitions_fan_out_spreads_over_the_live_consumers()
         def later(*consumers: str) -> None:
             """As once a sixth of a lease has passed: their next read takes their share again."""
             for consumer in consumers:
-                held(consumer).hold_again = 0.0
+                held(consumer).lapse()
 
         await backend.changelog.read("a", 10, 0)
         assert len(held("a").held) == 4  # alone: every partition

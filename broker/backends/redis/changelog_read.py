@@ -113,7 +113,7 @@ class FencedReads:
         for partition, reply in zip(partitions, replies, strict=True):
             if not int(reply[0]):
                 # The lease lapsed: the next read holds again, and sweeps if it takes it back.
-                self.leases.lapsed(self.leases.share_of(consumer))
+                self.leases.share_of(consumer).lapse()
                 continue
             newest[partition] = as_text(reply[1])
             entries = [(entry_id, dict(zip(fields[0::2], fields[1::2], strict=True))) for entry_id, fields in reply[2]]
@@ -188,7 +188,7 @@ class FencedReads:
                 if not found and chunk > 0:
                     self._rotate = (self._rotate + 1) % len(held)
                     found = await self._readgroup(consumer, [held[self._rotate]], count, chunk)
-            if not found and not holding.hold_again and not retook:
+            if not found and holding.lapsed and not retook:
                 retook = True  # a lease lapsed since the last hold: hold again now, not at the next read
                 continue
             if found or loop.time() >= deadline:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -46,14 +47,13 @@ HOLD_EVERY_LEASE = 1 / 6
 class ConsumerShare:
     """What one consumer holds: its partitions, the sweeps it owes, and what it was handed last."""
 
-    __slots__ = ("handed", "heartbeat", "held", "held_at", "hold_again", "sweep", "timer", "turn")
+    __slots__ = ("handed", "heartbeat", "held", "held_at", "sweep", "timer", "turn")
 
     def __init__(self) -> None:
         self.held: list[int] = []
-        #: Loop time at which the last successful hold began (its leases run a lease from then).
-        self.held_at = 0.0
-        #: Loop time from which the next read takes the share again (0: at once).
-        self.hold_again = 0.0
+        #: Loop time at which the last successful hold began (its leases run a lease from then);
+        #: -inf when the next read must hold at once (none yet, one failed, or a lease lapsed).
+        self.held_at = -math.inf
         self.turn = 0
         #: partition -> XAUTOCLAIM cursor of a sweep still to finish
         self.sweep: dict[int, str] = {}
@@ -63,6 +63,14 @@ class ConsumerShare:
         self.heartbeat: asyncio.Task[None] | None = None
         #: Starts the heartbeat a third of a lease after the last hold (most batches are done by then).
         self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def lapsed(self) -> bool:
+        return self.held_at == -math.inf
+
+    def lapse(self) -> None:
+        """The next read takes the share again (a fenced read found a lease lapsed, the layout changed)."""
+        self.held_at = -math.inf
 
     def stop_heartbeat(self) -> None:
         if self.timer is not None:
@@ -82,12 +90,24 @@ class PartitionLeases:
         self.cluster = cluster
         self.keys = keys
         self.scripts = scripts
-        #: The numbers of the partitions fan-out reads (the layout ``partitioning`` says, or the one it drains).
-        self.partitions = partitions
+        self._partitions = partitions
         self.lease_ms = lease_ms
         self._shares: dict[str, ConsumerShare] = {}
         #: Live fan-out consumers, as the registry last said.
         self._live = 1
+
+    @property
+    def partitions(self) -> list[int]:
+        """The numbers of the partitions fan-out reads (the layout ``partitioning`` says, or the one it drains)."""
+        return self._partitions
+
+    @partitions.setter
+    def partitions(self, numbers: list[int]) -> None:
+        # Another layout: every consumer gives the old partitions up and takes its share of the
+        # new ones at its next read, not once its last hold has aged (HOLD_EVERY_LEASE).
+        self._partitions = numbers
+        for share in self._shares.values():
+            share.lapse()
 
     def _lease_calls(self, batch: Batch, partitions: Sequence[int], args: Sequence[Any]) -> list[list[int]]:
         """Adds ``partition_lease`` calls for ``partitions`` to ``batch``: one for them all on a
@@ -137,17 +157,14 @@ class PartitionLeases:
         which a lost reply or a retried call would hide.
         """
         holding = self.share_of(consumer)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        if (began < holding.hold_again and holding.held and not holding.sweep
-                and all(p in self.partitions for p in holding.held)):
-            # Held a moment ago (see HOLD_EVERY_LEASE). Not when a sweep is owed (it claims
-            # without a fence: it follows a hold that has just confirmed the leases), nor
-            # after a switch of layouts (the old partitions go, the new ones are taken now).
+        began = asyncio.get_running_loop().time()
+        if holding.held and not holding.sweep and began < holding.held_at + self.lease_ms * HOLD_EVERY_LEASE / 1000:
+            # Held a moment ago (see HOLD_EVERY_LEASE). Not when a sweep is owed: it claims
+            # without a fence, so it follows a hold that has just confirmed the leases.
             return holding
         before = holding.held
         holding.held = []  # until this call succeeds: a failure makes every partition new again
-        holding.hold_again = 0.0
+        holding.lapse()
         numbers = self.partitions
         count = len(numbers)
         share = count
@@ -186,15 +203,9 @@ class PartitionLeases:
                 holding.sweep[partition] = "0-0"
         holding.held = held
         # The leases run a full lease from before this call. Below its share, the consumer asks
-        # again then too: the others give their surplus up at their own next hold.
+        # again with its next hold too: the others give their surplus up at their own.
         holding.held_at = began
-        holding.hold_again = began + self.lease_ms * HOLD_EVERY_LEASE / 1000
         return holding
-
-    @staticmethod
-    def lapsed(holding: ConsumerShare) -> None:
-        """A fenced read found a lease of ``holding`` lapsed: the next read takes the share again."""
-        holding.hold_again = 0.0
 
     def keep_while_working(self, consumer: str, share: ConsumerShare) -> None:
         """Start the heartbeat that renews ``share``'s leases until the consumer's next read.
@@ -209,6 +220,7 @@ class PartitionLeases:
             share.heartbeat = asyncio.create_task(self._heartbeat(consumer, share), name="fanout-lease")
 
         loop = asyncio.get_running_loop()
+        # A share whose lease lapsed (held_at -inf) renews what is left of it at once.
         share.timer = loop.call_later(max(share.held_at + self.lease_ms / 3000 - loop.time(), 0.0), start)
 
     async def _heartbeat(self, consumer: str, holding: ConsumerShare) -> None:
