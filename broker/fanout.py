@@ -83,8 +83,8 @@ def newest(batch: Sequence[tuple[str, Change]]) -> list[tuple[str, Change]]:
 class Fanout:
     """One fan-out consumer. ``run`` loops until cancelled; ``process`` handles one batch.
 
-    It uses four of the backend's stores: the change log it consumes, the subscription index,
-    the inboxes it appends to and the broadcast to listens.
+    It reads the change log and the subscription index, and hands each batch's frames, its
+    changes for the listens and its acknowledgement to the backend in one step (``deliver``).
     """
 
     def __init__(self, settings: Settings, backend: Backend, name: str | None = None, *,
@@ -92,8 +92,7 @@ class Fanout:
         self.settings = settings
         self.changelog = backend.changelog
         self.subscriptions = backend.subscriptions
-        self.inboxes = backend.inboxes
-        self.broadcast = backend.broadcast
+        self.deliver = backend.deliver
         self.name = name or f"fanout-{secrets.token_hex(4)}"
         self.processed = 0
         self._changes = metrics.counter("mcp_broker_fanout_changes_total")
@@ -131,15 +130,14 @@ class Fanout:
             frames.extend((sid, frame) for sid in await self.subscriptions.tenant_sessions(tenant))
             if len(frames) > before:
                 self._tenant_frames.inc(tenant, len(frames) - before)
-        gone = set(await self.inboxes.append(frames)) if frames else set()
+        gone = set(await self.deliver(frames, newest(batch), [change_id for change_id, _ in batch]))
         if gone:
-            # Sessions that expired without cleaning the index (a store that expires keys does that).
+            # Sessions that expired without cleaning the index (a store that expires keys does
+            # that). Should this fail, the next change of the URI finds them gone again.
             for tenant, subscribers in found.items():
                 for uri, sids in subscribers.items():
                     for sid in gone.intersection(sids):
                         await self.subscriptions.remove(sid, tenant, uri)
-        await self.broadcast.publish(newest(batch))
-        await self.changelog.ack([change_id for change_id, _ in batch])
         self.processed += len(batch)
         self._changes.inc(len(batch))
         self._frames.inc(len(frames))

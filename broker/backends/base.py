@@ -369,3 +369,13 @@ class Backend(Protocol):
 
     async def ping(self) -> None:
         """Raise ``BackendUnavailable`` when the store cannot be reached."""
+
+    async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
+                      ids: Sequence[str]) -> list[str]:
+        """One fan-out batch's effects: ``inboxes.append(frames)``, ``broadcast.publish(changes)``
+        and ``changelog.ack(ids)``; returns the sessions that no longer exist (as ``append``).
+
+        A backend may merge the three into fewer round trips, but nothing is acknowledged
+        before its frames are appended and its changes broadcast: when this raises, the batch
+        is redone, and the appends and the broadcast skip what they already had.
+        """

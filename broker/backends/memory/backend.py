@@ -12,6 +12,7 @@ writes its changes through the change log's ``admit`` and ``append``, in the sam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from broker.backends.base import (
@@ -19,6 +20,7 @@ from broker.backends.base import (
     Broadcast,
     ChangeLog,
     Credentials,
+    Frame,
     Inboxes,
     Leases,
     Quotas,
@@ -38,6 +40,7 @@ from broker.backends.memory.sessions import MemorySessions
 from broker.backends.memory.state import SessionState
 from broker.backends.memory.subscriptions import MemorySubscriptions
 from broker.backends.memory.webhooks import MemoryWebhooks
+from broker.changes import Change
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics
 
@@ -74,6 +77,14 @@ class MemoryBackend:
 
     async def ping(self) -> None:
         return None
+
+    async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
+                      ids: Sequence[str]) -> list[str]:
+        """The three steps one after the other: in one process they cost no round trip."""
+        gone = await self.inboxes.append(frames) if frames else []
+        await self.broadcast.publish(changes)
+        await self.changelog.ack(ids)
+        return gone
 
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -42,6 +43,7 @@ from broker.backends.base import (
     Broadcast,
     ChangeLog,
     Credentials,
+    Frame,
     Inboxes,
     Leases,
     Quotas,
@@ -50,6 +52,7 @@ from broker.backends.base import (
     SubscriptionIndex,
     Webhooks,
 )
+from broker.backends.redis.batch import Batch
 from broker.backends.redis.broadcast import RedisBroadcast
 from broker.backends.redis.changelog import RedisChangeLog
 from broker.backends.redis.connection import Client, ClientFactory, open_clients, unavailable
@@ -66,6 +69,7 @@ from broker.backends.redis.subscriptions import RedisSubscriptions
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
 from broker.backends.redis.webhooks import RedisWebhooks
+from broker.changes import Change
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics
 
@@ -100,9 +104,9 @@ class RedisBackend:
         self.sessions: SessionStore = RedisSessions(settings, self.redis, self.keys, scripts, self._epoch,
                                                     self.watchers)
         self.subscriptions: SubscriptionIndex = RedisSubscriptions(settings, self.redis, self.keys, scripts, self.bus)
-        self.inboxes: Inboxes = RedisInboxes(settings, self.redis, self.keys, scripts, epoch=self._epoch,
-                                             bus=self.bus, watchers=self.watchers, cluster=self.cluster,
-                                             metrics=metrics)
+        self._inboxes = RedisInboxes(settings, self.redis, self.keys, scripts, epoch=self._epoch, bus=self.bus,
+                                     watchers=self.watchers, cluster=self.cluster, metrics=metrics)
+        self.inboxes: Inboxes = self._inboxes
         self.changelog: ChangeLog = self._changelog
         self.broadcast: Broadcast = self._broadcast
         self.records: RecordStore = RedisRecords(settings, self.redis, self.keys, scripts, self._changelog)
@@ -147,6 +151,37 @@ class RedisBackend:
         with unavailable("ping"):
             await self.redis.ping()
             await self._epoch.refresh()
+
+    async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
+                      ids: Sequence[str]) -> list[str]:
+        """Two round trips on a single node: the appends with the broadcast, then the wake-ups of
+        other workers with the acknowledgement (each in order on the server; this process's own
+        streams get their frames in memory, in between). The broadcast may go out before the
+        appends ran: a redone batch broadcasts again, and every process hands a change on at most once.
+
+        In a Cluster the three steps run one after the other: a batch there runs its calls
+        concurrently, so an acknowledgement sent along could overtake the appends.
+        """
+        if self.cluster:
+            gone = await self.inboxes.append(frames) if frames else []
+            await self.broadcast.publish(changes)
+            await self.changelog.ack(ids)
+            return gone
+        inboxes = self._inboxes
+        with unavailable("fanout.deliver"):
+            appends = inboxes.appends(frames)
+            first = Batch(self.redis)
+            if appends is not None:
+                appends.add_to(first)
+            calls = len(first)
+            self._broadcast.add_to(first, changes)
+            replies = await first.execute()
+            gone, wakes = inboxes.appended(appends, replies[:calls]) if appends is not None else ([], {})
+            second = Batch(self.redis)
+            inboxes.add_wakes(second, wakes)
+            partitions = self._changelog.add_acks(second, ids)
+            self._changelog.acknowledged(partitions, await second.execute(), ids)
+        return gone
 
     async def _on_reconnect(self) -> None:
         """Every channel is subscribed again: what was published while the connection was down is

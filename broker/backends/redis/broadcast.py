@@ -55,20 +55,20 @@ class RedisBroadcast:
         self._filter = BroadcastFilter()
 
     async def publish(self, changes: Sequence[tuple[str, Change]]) -> None:
-        """One message per ``wake_message_max_bytes`` of changes: every worker's pub/sub connection
-        receives each one, and a batch of large ``meta`` in one message could pass Redis's output
-        buffer limit for subscribers and drop them all."""
         if not changes:
             return
         with unavailable("broadcast.publish"):
-            messages = encode_changes(changes, self.settings.wake_message_max_bytes)
-            if len(messages) == 1:
-                await self.client.execute_command(self._bus.publish_command, self._channel, messages[0])
-                return
             batch = Batch(self.client)
-            for message in messages:
-                batch.pipe.execute_command(self._bus.publish_command, self._channel, message)
+            self.add_to(batch, changes)
             await batch.execute()
+
+    def add_to(self, batch: Batch, changes: Sequence[tuple[str, Change]]) -> None:
+        """Publish ``changes`` in ``batch``: one message per ``wake_message_max_bytes`` of changes,
+        since every worker's pub/sub connection receives each one, and a batch of large ``meta``
+        in one message could pass Redis's output buffer limit for subscribers and drop them all."""
+        if changes:
+            for message in encode_changes(changes, self.settings.wake_message_max_bytes):
+                batch.pipe.execute_command(self._bus.publish_command, self._channel, message)
 
     def _on_message(self, payload: bytes) -> None:
         fresh = [(change_id, change) for change_id, change in decode_changes(payload) if self._filter.fresh(change_id)]

@@ -278,20 +278,29 @@ class RedisChangeLog(FencedReads, LagReport):
         evicts another tenant's unread change.
         """
         with unavailable("changelog.ack"):
-            by_partition: dict[int, list[str]] = {}
-            for change_id in ids:
-                number, _, entry_id = change_id.partition(":")
-                if number.isdigit() and entry_id:
-                    by_partition.setdefault(int(number), []).append(entry_id)
             batch = Batch(self.client)
-            for partition, entry_ids in by_partition.items():
-                batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
-                           [FANOUT_GROUP, "", *entry_ids])
-            for partition, (left, trimmed) in zip(by_partition, await batch.execute(), strict=True):
-                self.backlog[partition] = int(left)
-                self._trimmed.inc(int(trimmed))
-            # Only now: ids whose acknowledgement failed are handed out again at the next read.
-            self.leases.acknowledged(ids)
+            partitions = self.add_acks(batch, ids)
+            self.acknowledged(partitions, await batch.execute(), ids)
+
+    def add_acks(self, batch: Batch, ids: Sequence[str]) -> list[int]:
+        """The acknowledgement of ``ids`` in ``batch``, a script call per partition; the partitions, in order."""
+        by_partition: dict[int, list[str]] = {}
+        for change_id in ids:
+            number, _, entry_id = change_id.partition(":")
+            if number.isdigit() and entry_id:
+                by_partition.setdefault(int(number), []).append(entry_id)
+        for partition, entry_ids in by_partition.items():
+            batch.call(self.scripts.changelog_ack, [self.keys.log(partition), self.keys.backlog(partition)],
+                       [FANOUT_GROUP, "", *entry_ids])
+        return list(by_partition)
+
+    def acknowledged(self, partitions: Sequence[int], replies: Sequence[Any], ids: Sequence[str]) -> None:
+        """The replies of ``add_acks``' calls (the last ``len(partitions)`` of ``replies``)."""
+        for partition, (left, trimmed) in zip(partitions, replies[len(replies) - len(partitions):], strict=True):
+            self.backlog[partition] = int(left)
+            self._trimmed.inc(int(trimmed))
+        # Only now: ids whose acknowledgement failed are handed out again at the next read.
+        self.leases.acknowledged(ids)
 
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""

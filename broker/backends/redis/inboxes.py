@@ -13,23 +13,28 @@ Offsets and gap detection
     trimming happens in the append script, a bounded number of entries per call.
 
 Atomic append and wake-up
-    ``inbox_append.lua`` increments ``head``, XADDs every frame and publishes one wake-up that
-    carries the offsets and the frames, atomically per session (one call carries many sessions
-    on a single node, one in a Cluster). A watcher whose (S)SUBSCRIBE Redis confirmed before it
-    read the inbox therefore sees every later frame, in the read or in a wake-up.
+    ``inbox_append.lua`` increments ``head`` and XADDs every frame; in a Cluster (one session
+    per call) it publishes the session's wake-up, with the offsets and the frames, in the same
+    atomic step. On a single node a call carries many sessions and replies with the node that
+    watches each, and the wake-ups follow the call (see ``_wake_entries``). A watcher whose
+    (S)SUBSCRIBE Redis confirmed before it read the inbox therefore sees every later frame, in
+    the read or in a wake-up.
 
 Wake-ups
     SPUBLISH/SSUBSCRIBE on ``P:{s:<sid>}:wake`` when the server has sharded pub/sub (Redis 7,
     and fakeredis), PUBLISH/SUBSCRIBE otherwise; one pub/sub connection per process
     (``wakes.WakeBus``). On a single node, frame wake-ups go to the node channel of the worker
-    that watches the session instead (``watchers``). After a reconnect every watched stream gets
-    a frames wake without a frame and re-reads its inbox.
+    that watches the session instead (``watchers``), after the appends; a session watched by
+    this very process gets its wake-up in memory, with the frames as they were appended (no
+    message, no decoding). After a reconnect every watched stream gets a frames wake without a
+    frame and re-reads its inbox.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.backends.redis.batch import Batch
@@ -48,7 +53,16 @@ from broker.backends.redis.keys import Keys
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
-from broker.backends.types import CLOSE_ALL, Frame, InboxRead, StreamClaim, StreamStart, WakeHandler, inbox_gap
+from broker.backends.types import (
+    CLOSE_ALL,
+    Frame,
+    InboxRead,
+    StreamClaim,
+    StreamStart,
+    Wake,
+    WakeHandler,
+    inbox_gap,
+)
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics
 
@@ -56,6 +70,28 @@ __all__ = ["RedisInboxes"]
 
 #: Sessions per ``inbox_append`` call on a single node: few enough that one call stays short.
 APPEND_SESSIONS_PER_CALL = 64
+
+
+@dataclass(slots=True)
+class Appends:
+    """The script calls of one ``RedisInboxes.appends``, and what their replies are read against."""
+
+    scripts: Scripts
+    #: The sessions, in the order of the calls' replies.
+    sids: list[str]
+    #: Per session, its frames' marks and packed frames, alternating (the script's arguments).
+    marked: dict[str, list[bytes | str]]
+    #: Per session, its frames (those the script skipped are taken out once it has replied).
+    frames: dict[str, list[Frame]]
+    #: The calls: keys and arguments.
+    calls: list[tuple[list[str], list[Any]]]
+
+    def add_to(self, batch: Batch) -> None:
+        for keys, args in self.calls:
+            batch.call(self.scripts.inbox_append, keys, args)
+
+    def packed(self, sid: str) -> list[bytes]:
+        return cast("list[bytes]", self.marked[sid][1::2])
 
 
 class RedisInboxes:
@@ -74,53 +110,93 @@ class RedisInboxes:
         self.cluster = cluster
 
     async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
-        """Per frame the script gets its change's mark (see ``inbox_append.lua``) and the packed frame."""
+        """Append and announce: one round trip for the appends, then, on a single node, one for the
+        wake-ups of other workers (fan-out merges the latter with its acknowledgement instead:
+        ``RedisBackend.deliver``)."""
+        appends = self.appends(batch)
+        if appends is None:
+            return []
+        with unavailable("inboxes.append"):
+            calls = Batch(self.client)
+            appends.add_to(calls)
+            gone, wakes = self.appended(appends, await calls.execute())
+            if wakes:
+                announce = Batch(self.client)
+                self.add_wakes(announce, wakes)
+                await announce.execute()
+        return gone
+
+    def appends(self, batch: Sequence[tuple[str, Frame]]) -> Appends | None:
+        """The script calls that append ``batch`` (see ``inbox_append.lua``); None when it is empty.
+
+        Per frame the script gets its change's mark and the packed frame.
+        """
         per_session: dict[str, list[bytes | str]] = {}
+        frames: dict[str, list[Frame]] = {}
         packed: dict[int, tuple[str, bytes]] = {}  # fan-out shares one Frame among its subscribers: pack it once
         for sid, frame in batch:
             pair = packed.get(id(frame))
             if pair is None:
                 pair = packed[id(frame)] = (encode_mark(frame.change), encode_frame(frame))
             per_session.setdefault(sid, []).extend(pair)
+            frames.setdefault(sid, []).append(frame)
         if not per_session:
-            return []
+            return None
         now_ms = int(time.time() * 1000)
         cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
         # One script call per session costs the client ~40 us to pack and parse; on a single
         # node a call carries up to APPEND_SESSIONS_PER_CALL sessions instead, and the wake-ups
-        # go out afterwards, one message per watching worker (see _publish_wakes). In a Cluster
+        # go out afterwards, one message per watching worker (see add_wakes). In a Cluster
         # a script may only touch one slot, so each session is its own call, publishing itself.
         per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
-        frame_max = min(self.settings.wake_frame_max_bytes, self.settings.wake_message_max_bytes // 2)
         publish = self._bus.publish_command if self.cluster else ""
-        head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, frame_max]
+        head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, self._frame_max]
         sids = list(per_session)
-        with unavailable("inboxes.append"):
-            calls = Batch(self.client)
-            for start in range(0, len(sids), per_call):
-                keys: list[str] = []
-                args: list[Any] = list(head)
-                for sid in sids[start : start + per_call]:
-                    session_keys = self.keys.session(sid)
-                    keys += [session_keys.meta, session_keys.inbox, session_keys.wake]
-                    marked = per_session[sid]
-                    args.append(len(marked) // 2)
-                    args += marked
-                calls.call(self.scripts.inbox_append, keys, args)
-            results = await calls.execute()
-            replies = [value for result in results for value in result]
-            heads = [int(h) for h in replies[0::4]]
-            trimmed = sum(int(t) for t in replies[3::4])
-            if trimmed:
-                self._trimmed.inc(trimmed)
-            if not self.cluster:
-                await self._publish_wakes(sids, heads, [as_text(node) for node in replies[1::4]],
-                                          per_session, replies[2::4])
-        return [sid for sid, h in zip(sids, heads, strict=True) if h < 0]
+        calls: list[tuple[list[str], list[Any]]] = []
+        for start in range(0, len(sids), per_call):
+            keys: list[str] = []
+            args: list[Any] = list(head)
+            for sid in sids[start : start + per_call]:
+                session_keys = self.keys.session(sid)
+                keys += [session_keys.meta, session_keys.inbox, session_keys.wake]
+                marked = per_session[sid]
+                args.append(len(marked) // 2)
+                args += marked
+            calls.append((keys, args))
+        return Appends(self.scripts, sids, per_session, frames, calls)
 
-    async def _publish_wakes(self, sids: list[str], heads: list[int], nodes: list[str],
-                             marked: dict[str, list[bytes | str]], skipped: list[list[int]]) -> None:
-        """The wake-ups of a whole batch, per worker node, in messages of bounded size, after the appends.
+    @property
+    def _frame_max(self) -> int:
+        """The most frame bytes one session's wake-up carries (see ``_wake_entries``)."""
+        return min(self.settings.wake_frame_max_bytes, self.settings.wake_message_max_bytes // 2)
+
+    def appended(self, appends: Appends, results: Sequence[Any]) -> tuple[list[str], dict[str, list[NodeWake]]]:
+        """The replies of ``appends``' calls: the sessions gone, and the wake-ups owed to other workers.
+
+        The frames of sessions that a stream of this process watches are handed to it here,
+        with no message through Redis: the script read the session's node atomically with its
+        append, so a stream that claimed the session since then read its inbox after this
+        append, and a stream of this process gets the frames now. Either way the stream's
+        offsets tell it whether a wake-up follows on what it has (``delivery.legacy``).
+        """
+        replies = [value for result in results for value in result]
+        heads = [int(h) for h in replies[0::4]]
+        trimmed = sum(int(t) for t in replies[3::4])
+        if trimmed:
+            self._trimmed.inc(trimmed)
+        wakes: dict[str, list[NodeWake]] = {}
+        if not self.cluster:
+            nodes = [as_text(node) for node in replies[1::4]]
+            wakes, local = self._wake_entries(appends, heads, nodes, replies[2::4])
+            for sid, first in local:
+                self._watchers.deliver(sid, [Wake("frames", first + i, frame=frame)
+                                             for i, frame in enumerate(appends.frames[sid])])
+        return [sid for sid, h in zip(appends.sids, heads, strict=True) if h < 0], wakes
+
+    def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[str],
+                      skipped: list[list[int]]) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]]]:
+        """The wake-ups of a whole batch: per other worker's node, its entries to publish after the
+        appends; and the sessions whose stream is on this process, each with its first new offset.
 
         Publishing after the append script (rather than inside it) keeps the handoff: a stream
         registers its node before it reads the inbox, so a frame appended later is either in
@@ -128,30 +204,38 @@ class RedisInboxes:
         not announced. A session whose frames are larger than ``wake_frame_max_bytes`` gets a
         frameless wake and reads them from its inbox: one large change watched by many streams
         on a worker must not reach Redis's pub/sub buffer limit, which drops the worker's
-        connection and makes every stream of it re-read.
+        connection and makes every stream of it re-read. (Frames for this process's own
+        streams travel in memory, whatever their size.)
         """
-        settings = self.settings
-        frame_max = min(settings.wake_frame_max_bytes, settings.wake_message_max_bytes // 2)
+        frame_max = self._frame_max
+        mine = self._watchers.node
         by_node: dict[str, list[NodeWake]] = {}
-        for sid, head, node, skips in zip(sids, heads, nodes, skipped, strict=True):
-            if head >= 0 and node:
-                frames = cast("list[bytes]", marked[sid][1::2])
-                if skips:
-                    left_out = {int(i) - 1 for i in skips}
-                    frames = [data for i, data in enumerate(frames) if i not in left_out]
-                if not frames:
-                    continue
-                packed = b"".join(frames)
-                entry: NodeWake = (sid, head, None) if len(packed) > frame_max else (
-                    sid, head - len(frames) + 1, packed)
-                by_node.setdefault(node, []).append(entry)
-        if by_node:
-            batch = Batch(self.client)
-            for node, entries in by_node.items():
-                channel = self.keys.node_wake(node)
-                for message in split_node_wakes(entries, settings.wake_message_max_bytes):
-                    batch.pipe.execute_command(self._bus.publish_command, channel, message)
-            await batch.execute()
+        local: list[tuple[str, int]] = []
+        for sid, head, node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
+            if head < 0 or not node:
+                continue
+            frames, packed = appends.frames[sid], appends.packed(sid)
+            if skips:
+                left_out = {int(i) - 1 for i in skips}
+                frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
+                packed = [data for i, data in enumerate(packed) if i not in left_out]
+            if not frames:
+                continue
+            first = head - len(frames) + 1
+            if node == mine:
+                local.append((sid, first))
+                continue
+            joined = b"".join(packed)
+            entry: NodeWake = (sid, head, None) if len(joined) > frame_max else (sid, first, joined)
+            by_node.setdefault(node, []).append(entry)
+        return by_node, local
+
+    def add_wakes(self, batch: Batch, by_node: dict[str, list[NodeWake]]) -> None:
+        """Publish the wake-ups of ``appended`` in ``batch``: per node, messages of bounded size."""
+        for node, entries in by_node.items():
+            channel = self.keys.node_wake(node)
+            for message in split_node_wakes(entries, self.settings.wake_message_max_bytes):
+                batch.pipe.execute_command(self._bus.publish_command, channel, message)
 
     async def read(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead:
         keys = self.keys.session(session_id)

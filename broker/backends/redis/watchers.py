@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from broker.backends.redis.codec import decode_node_wakes, decode_wakes
 from broker.backends.redis.connection import unavailable
@@ -54,6 +54,10 @@ class Watchers:
         """Every watched stream re-reads its inbox (wake-ups may have been lost, e.g. during a reconnect)."""
         for session_id in self._handlers.snapshot():
             self._handlers.call(session_id, Wake("frames", 0))
+
+    def deliver(self, session_id: str, wakes: Sequence[Wake]) -> None:
+        """Hand wake-ups to the session's handlers in this process, as a message would (none: dropped)."""
+        self._handlers.call(session_id, *wakes)
 
     def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
         def dispatch(payload: bytes) -> None:
