@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import socket
 import struct
 from typing import Any
@@ -63,4 +65,25 @@ async def test_cluster_connections_reset_too() -> None:
                        for node in client.nodes_manager.startup_nodes.values())
     finally:
         await clients.commands.aclose()
+        await clients.pubsub.aclose()
+
+
+async def test_more_concurrent_commands_than_connections_wait_their_turn_and_all_succeed(
+        redis_server: RedisProcess) -> None:
+    """The pool's short way must not strand a command waiting for a connection, nor lose one."""
+    s = Settings(_env_file=None, redis_url=redis_server.url, redis_max_connections=2)  # type: ignore[call-arg]
+    clients = open_clients(s)
+    client = clients.commands
+    key = f"q{secrets.token_hex(4)}"
+    try:
+        # Each holds its connection until Redis answers: 50 at once need 25 turns of the two.
+        replies = await asyncio.wait_for(asyncio.gather(*(client.blpop([key], timeout=0.05) for _ in range(10)),
+                                                        *(client.incr(key + "n") for _ in range(40))), 30)
+        assert replies[:10] == [None] * 10
+        assert sorted(replies[10:]) == list(range(1, 41))
+        pool = client.connection_pool
+        assert len(pool._in_use_connections) == 0 and len(pool._available_connections) <= 2
+        assert await client.get(key + "n") == b"40"
+    finally:
+        await client.aclose(close_connection_pool=True)  # type: ignore[union-attr]
         await clients.pubsub.aclose()

@@ -21,7 +21,8 @@ store              module              what
 Beside them: ``keys`` (every key and channel), ``epoch`` (the data generation the session,
 inbox and broadcast stores share), ``watchers`` and ``wakes`` (this process's wake-up
 handlers and its one pub/sub connection), ``connection`` (clients, and the translation of
-connection errors that every store applies itself), ``batch``, ``codec``, ``scripts``.
+connection errors that every store applies itself), ``pool`` (a single server's connections),
+``batch``, ``codec``, ``scripts``.
 
 ``RedisBackend`` only assembles them: the clients, the shared epoch, the lifecycle, and what a
 pub/sub reconnect means (every watched stream re-reads its inbox; the broadcast's handlers are

@@ -41,13 +41,14 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rexc
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 
+from broker.backends.redis.pool import QuickPool
 from broker.config import Settings
 from broker.errors import BackendUnavailable
 
@@ -333,8 +334,8 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
     if scheme in ("redis", "rediss", "unix"):
         # A blocking pool: a burst of more concurrent calls than connections (a reconnect storm)
         # waits for a free connection, where the default pool refused at once (a 503 per call).
-        pool = BlockingConnectionPool.from_url(url, max_connections=settings.redis_max_connections,
-                                               timeout=settings.redis_socket_timeout, **common)
+        pool = QuickPool.from_url(url, max_connections=settings.redis_max_connections,
+                                   timeout=settings.redis_socket_timeout, **common)
         pool.connection_class = _discarding(pool.connection_class)
         return Redis(connection_pool=pool), False
     creds = _credentials(parts.netloc)
