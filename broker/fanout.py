@@ -133,11 +133,16 @@ class Fanout:
         gone = set(await self.deliver(frames, newest(batch), [change_id for change_id, _ in batch]))
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does
-            # that). Should this fail, the next change of the URI finds them gone again.
-            for tenant, subscribers in found.items():
-                for uri, sids in subscribers.items():
-                    for sid in gone.intersection(sids):
-                        await self.subscriptions.remove(sid, tenant, uri)
+            # that). The batch is acknowledged already: should this fail, the next change of the
+            # URI finds them gone again.
+            try:
+                for tenant, subscribers in found.items():
+                    for uri, sids in subscribers.items():
+                        for sid in gone.intersection(sids):
+                            await self.subscriptions.remove(sid, tenant, uri)
+            except BackendUnavailable as exc:
+                logger.warning("could not drop %d gone sessions from the subscription index (%s); "
+                               "the next change of their URIs finds them again", len(gone), exc)
         self.processed += len(batch)
         self._changes.inc(len(batch))
         self._frames.inc(len(frames))

@@ -145,7 +145,8 @@ class Inboxes(Protocol):
 
         A frame whose ``change`` is not newer than the newest change of its partition that an
         earlier call appended to the session is skipped (docs/BACKENDS.md, "Inboxes"): it takes no
-        offset and wakes nobody.
+        offset and is not announced (a backend may still wake the stream of a session all of
+        whose frames it skipped, to read its inbox).
         """
 
     async def read(self, session_id: str, epoch: str, after: int, limit: int) -> InboxRead: ...

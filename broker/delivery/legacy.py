@@ -332,7 +332,8 @@ class LegacyStream(Stream):
             metrics.countdown -= 1  # inline: a method call per write is a measurable share of a frame
             if metrics.countdown <= 0:
                 metrics.countdown = SAMPLE_EVERY
-                # Frames read back from Redis carry no change id (only the memory backend's keep it):
+                # Frames read back from Redis, or woken from another worker, carry no change id
+                # (those of the memory backend, and of this worker's own fan-out, keep it):
                 # those batches are not measured.
                 metrics.observe(batch[-1][1].change)
         if frames:

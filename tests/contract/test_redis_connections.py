@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 import pytest
+from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 
@@ -69,7 +70,7 @@ async def test_cluster_connections_reset_too() -> None:
 
 
 async def test_more_concurrent_commands_than_connections_wait_their_turn_and_all_succeed(
-        redis_server: RedisProcess) -> None:
+        redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pool's short way must not strand a command waiting for a connection, nor lose one."""
     s = Settings(_env_file=None, redis_url=redis_server.url, redis_max_connections=2)  # type: ignore[call-arg]
     clients = open_clients(s)
@@ -84,6 +85,19 @@ async def test_more_concurrent_commands_than_connections_wait_their_turn_and_all
         pool = client.connection_pool
         assert len(pool._in_use_connections) == 0 and len(pool._available_connections) <= 2
         assert await client.get(key + "n") == b"40"
+        # One command at a time never needs redis-py's own checkout: the short way serves it.
+        long_way = 0
+        checkout = BlockingConnectionPool.get_connection
+
+        async def counted(self: BlockingConnectionPool, *args: Any, **kwargs: Any) -> Any:
+            nonlocal long_way
+            long_way += 1
+            return await checkout(self, *args, **kwargs)
+
+        monkeypatch.setattr(BlockingConnectionPool, "get_connection", counted)
+        for _ in range(5):
+            await client.incr(key + "n")
+        assert long_way == 0 and await client.get(key + "n") == b"45"
     finally:
         await client.aclose(close_connection_pool=True)  # type: ignore[union-attr]
         await clients.pubsub.aclose()

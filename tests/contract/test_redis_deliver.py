@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from broker.backends.base import Frame, SessionRecord, Wake
 from broker.backends.redis import RedisBackend
+from broker.backends.redis.keys import FANOUT_GROUP
 from broker.changes import Change
 from broker.config import Settings
 from tests.support import RedisProcess
@@ -26,12 +28,14 @@ async def workers() -> AsyncIterator[tuple[RedisBackend, RedisBackend, Redis]]:
         s = Settings(_env_file=None, redis_url=server.url, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]
                      redis_socket_timeout=2.0)
         a, b = RedisBackend(s), RedisBackend(s)
-        await a.start()
-        await b.start()
-        async with Redis.from_url(server.url) as raw:
-            yield a, b, raw
-        await a.close()
-        await b.close()
+        try:
+            await a.start()
+            await b.start()
+            async with Redis.from_url(server.url) as raw:
+                yield a, b, raw
+        finally:
+            await a.close()
+            await b.close()
 
 
 async def watched(backend: RedisBackend) -> tuple[str, asyncio.Queue[Wake]]:
@@ -74,7 +78,7 @@ async def test_a_stream_of_the_fanning_out_worker_gets_its_frame_in_memory_and_a
     await listener.aclose()
 
 
-async def test_a_redone_batch_wakes_no_stream_of_the_worker_again(
+async def test_a_redone_batch_adds_nothing_and_its_stream_rereads_rather_than_hears_a_frame_twice(
         workers: tuple[RedisBackend, RedisBackend, Redis]) -> None:
     a, _, _ = workers
     sid, wakes = await watched(a)
@@ -82,8 +86,34 @@ async def test_a_redone_batch_wakes_no_stream_of_the_worker_again(
     await a.deliver([(sid, first)], [], [])
     assert wakes.get_nowait().offset == 1
     await a.deliver([(sid, first)], [], [])  # the same change again: its acknowledgement was lost
-    assert wakes.empty()
+    got = wakes.get_nowait()
+    assert (got.offset, got.frame) == (1, None) and wakes.empty()  # read the inbox up to 1: nothing new
     newer = Frame("u:x:a", b"2", change="0:6-0")
     await a.deliver([(sid, first), (sid, newer)], [], [])  # a redo that picked up one more change
     got = wakes.get_nowait()
     assert (got.offset, got.frame) == (2, newer) and wakes.empty()
+    read = await a.inboxes.read(sid, a.sessions.epoch, 0, 10)
+    assert [frame for _, frame in read.frames] == [first, newer]
+
+
+async def test_a_batch_whose_append_fails_stays_unacknowledged_and_its_redo_wakes_what_the_failure_hid(
+        workers: tuple[RedisBackend, RedisBackend, Redis]) -> None:
+    a, _, raw = workers
+    change_id = await a.changelog.publish(Change("t1", "x:a"))
+    assert await a.changelog.read("c1", 10, 0) != []
+    partition = int(change_id.partition(":")[0])
+    good, wakes = await watched(a)
+    bad, _ = await watched(a)
+    await raw.set(a.keys.session(bad).inbox, b"not a stream")  # its append fails, after good's ran
+    frame = Frame("u:x:a", b"1", change=change_id)
+    with pytest.raises(ResponseError):
+        await a.deliver([(good, frame), (bad, frame)], [(change_id, Change("t1", "x:a"))], [change_id])
+    assert wakes.empty()  # appended but never announced
+    assert (await raw.xpending(a.keys.log(partition), FANOUT_GROUP))["pending"] == 1
+
+    await raw.delete(a.keys.session(bad).inbox)
+    await a.deliver([(good, frame), (bad, frame)], [(change_id, Change("t1", "x:a"))], [change_id])
+    got = wakes.get_nowait()
+    assert (got.offset, got.frame) == (1, None)  # the stream reads its inbox and finds the frame
+    assert [f for _, f in (await a.inboxes.read(good, a.sessions.epoch, 0, 10)).frames] == [frame]
+    assert (await raw.xpending(a.keys.log(partition), FANOUT_GROUP))["pending"] == 0

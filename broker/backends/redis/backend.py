@@ -161,7 +161,8 @@ class RedisBackend:
         appends ran: a redone batch broadcasts again, and every process hands a change on at most once.
 
         In a Cluster the three steps run one after the other: a batch there runs its calls
-        concurrently, so an acknowledgement sent along could overtake the appends.
+        concurrently, so an acknowledgement sent along could overtake the appends. (On a single
+        node the stores used are the backend's own, whatever is set on ``self.inboxes``.)
         """
         if self.cluster:
             gone = await self.inboxes.append(frames) if frames else []

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from redis.asyncio.cluster import RedisCluster
+
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import decode_changes, encode_changes
 from broker.backends.redis.connection import Client, unavailable
@@ -58,6 +60,12 @@ class RedisBroadcast:
         if not changes:
             return
         with unavailable("broadcast.publish"):
+            if isinstance(self.client, RedisCluster):
+                # One after another: a Cluster batch runs its calls concurrently, and a later
+                # message arriving first would make the filter drop the earlier one's changes.
+                for message in encode_changes(changes, self.settings.wake_message_max_bytes):
+                    await self.client.execute_command(self._bus.publish_command, self._channel, message)
+                return
             batch = Batch(self.client)
             self.add_to(batch, changes)
             await batch.execute()

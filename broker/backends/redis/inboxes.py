@@ -187,22 +187,27 @@ class RedisInboxes:
         wakes: dict[str, list[NodeWake]] = {}
         if not self.cluster:
             nodes = [as_text(node) for node in replies[1::4]]
-            wakes, local = self._wake_entries(appends, heads, nodes, replies[2::4])
+            wakes, local, local_reads = self._wake_entries(appends, heads, nodes, replies[2::4])
             for sid, first in local:
                 self._watchers.deliver(sid, [Wake("frames", first + i, frame=frame)
                                              for i, frame in enumerate(appends.frames[sid])])
+            for sid, head in local_reads:
+                self._watchers.deliver(sid, [Wake("frames", head)])
         return [sid for sid, h in zip(appends.sids, heads, strict=True) if h < 0], wakes
 
     def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[str],
-                      skipped: list[list[int]]) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]]]:
+                      skipped: list[list[int]]
+                      ) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]], list[tuple[str, int]]]:
         """The wake-ups of a whole batch: per other worker's node, its entries to publish after the
-        appends; and the sessions whose stream is on this process, each with its first new offset.
+        appends; the sessions whose stream is on this process, each with its first new offset;
+        and those of them to wake without frames, each with its head (all its frames were repeats).
 
         Publishing after the append script (rather than inside it) keeps the handoff: a stream
         registers its node before it reads the inbox, so a frame appended later is either in
         that read or announced to the node afterwards. Frames the script skipped (repeats) are
-        not announced. A session whose frames are larger than ``wake_frame_max_bytes`` gets a
-        frameless wake and reads them from its inbox: one large change watched by many streams
+        not announced; a session all of whose frames were skipped gets a frameless wake-up. A
+        session whose frames are larger than ``wake_frame_max_bytes`` gets a frameless wake
+        too and reads them from its inbox: one large change watched by many streams
         on a worker must not reach Redis's pub/sub buffer limit, which drops the worker's
         connection and makes every stream of it re-read. (Frames for this process's own
         streams travel in memory, whatever their size.)
@@ -211,6 +216,7 @@ class RedisInboxes:
         mine = self._watchers.node
         by_node: dict[str, list[NodeWake]] = {}
         local: list[tuple[str, int]] = []
+        local_reads: list[tuple[str, int]] = []
         for sid, head, node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
             if head < 0 or not node:
                 continue
@@ -220,6 +226,13 @@ class RedisInboxes:
                 frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
                 packed = [data for i, data in enumerate(packed) if i not in left_out]
             if not frames:
+                # Every frame was a repeat: a redo. An earlier attempt may have appended them and
+                # failed before announcing them (a later session of its script call, or of its
+                # pipeline, failed), so the stream gets a wake-up without frames and reads its inbox.
+                if node == mine:
+                    local_reads.append((sid, head))
+                else:
+                    by_node.setdefault(node, []).append((sid, head, None))
                 continue
             first = head - len(frames) + 1
             if node == mine:
@@ -228,7 +241,7 @@ class RedisInboxes:
             joined = b"".join(packed)
             entry: NodeWake = (sid, head, None) if len(joined) > frame_max else (sid, first, joined)
             by_node.setdefault(node, []).append(entry)
-        return by_node, local
+        return by_node, local, local_reads
 
     def add_wakes(self, batch: Batch, by_node: dict[str, list[NodeWake]]) -> None:
         """Publish the wake-ups of ``appended`` in ``batch``: per node, messages of bounded size."""

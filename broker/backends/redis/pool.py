@@ -51,10 +51,9 @@ class QuickPool(BlockingConnectionPool):
             self._entered -= 1
 
     async def release(self, connection: Any) -> None:
-        if self._quick():
+        # No await on the short way: a connection redis-py wants reconnected goes the long way.
+        if self._quick() and not connection.should_reconnect():
             self._in_use_connections.remove(connection)
-            if connection.should_reconnect():
-                await connection.disconnect()
             self._available_connections.append(connection)
             return
         await super().release(connection)

@@ -2,7 +2,8 @@
 
 Takeovers and subscription changes (and, on Cluster, frames) come on a session's own channel;
 on a single node, frames come on this process's node channel, one message per fan-out batch,
-for every session whose record names this node. Everything about the node lives here: which
+for every session whose record names this node (this process's own fan-out hands them over in
+memory instead: ``deliver``). Everything about the node lives here: which
 node a claim or a restore names (``claimant``), and the order that keeps the handoff (the
 node's channel is subscribed before a session names the node).
 """
