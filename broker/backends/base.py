@@ -73,6 +73,7 @@ __all__ = [
     "WakeHandler",
     "WebhookRecord",
     "Webhooks",
+    "deliver_in_turn",
 ]
 
 
@@ -380,3 +381,12 @@ class Backend(Protocol):
         before its frames are appended and its changes broadcast: when this raises, the batch
         is redone, and the appends and the broadcast skip what they already had.
         """
+
+
+async def deliver_in_turn(backend: Backend, frames: Sequence[tuple[str, Frame]],
+                          changes: Sequence[tuple[str, Change]], ids: Sequence[str]) -> list[str]:
+    """``Backend.deliver`` as its three steps, one after the other, through the backend's attributes."""
+    gone = await backend.inboxes.append(frames) if frames else []
+    await backend.broadcast.publish(changes)
+    await backend.changelog.ack(ids)
+    return gone

@@ -28,6 +28,7 @@ from broker.backends.base import (
     SessionStore,
     SubscriptionIndex,
     Webhooks,
+    deliver_in_turn,
 )
 from broker.backends.memory.broadcast import MemoryBroadcast
 from broker.backends.memory.changelog import MemoryChangeLog
@@ -81,10 +82,7 @@ class MemoryBackend:
     async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
                       ids: Sequence[str]) -> list[str]:
         """The three steps one after the other: in one process they cost no round trip."""
-        gone = await self.inboxes.append(frames) if frames else []
-        await self.broadcast.publish(changes)
-        await self.changelog.ack(ids)
-        return gone
+        return await deliver_in_turn(self, frames, changes, ids)
 
 
 if TYPE_CHECKING:

@@ -52,6 +52,7 @@ from broker.backends.base import (
     SessionStore,
     SubscriptionIndex,
     Webhooks,
+    deliver_in_turn,
 )
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.broadcast import RedisBroadcast
@@ -165,10 +166,7 @@ class RedisBackend:
         node the stores used are the backend's own, whatever is set on ``self.inboxes``.)
         """
         if self.cluster:
-            gone = await self.inboxes.append(frames) if frames else []
-            await self.broadcast.publish(changes)
-            await self.changelog.ack(ids)
-            return gone
+            return await deliver_in_turn(self, frames, changes, ids)
         inboxes = self._inboxes
         with unavailable("fanout.deliver"):
             appends = inboxes.appends(frames)

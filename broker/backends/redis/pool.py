@@ -31,7 +31,7 @@ class QuickPool(BlockingConnectionPool):
         self._entered = 0
 
     def _quick(self) -> bool:
-        return not self._entered and not getattr(self, "_in_maintenance", False)
+        return not self._entered and not self._in_maintenance
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         available = self._available_connections
