@@ -243,11 +243,22 @@ class Dispatcher:
         return listen
 
     async def leased_listen(self, call: Call, msg: Message) -> Listen:
-        """``listen``, holding a place in the tenant's ``listens`` quota when it has one.
+        """``listen``, holding a place in the tenant's ``listens`` quota when it has one, and returned
+        once the changes fanned out from then on reach it (before its ack: ``ListenIndex.ready``).
 
         Raises:
             RpcError: as ``listen``; -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
+            BackendUnavailable: this worker could not subscribe the broadcast (nothing is kept).
         """
+        listen = await self._leased_listen(call, msg)
+        try:
+            await self.listens.ready()
+        except BaseException:
+            self.close_listen(listen)
+            raise
+        return listen
+
+    async def _leased_listen(self, call: Call, msg: Message) -> Listen:
         if self.quotas is None or self.quotas.limits(call.principal.tenant).listens is None:
             return self.listen(call, msg)
         self.methods.listen_filter(call, msg.params)  # a bad filter takes no place

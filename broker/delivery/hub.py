@@ -4,7 +4,7 @@ One ``Hub`` per process drives keep-alives for every stream from a single timer,
 idle clock of sessions with an open stream from running out, watches the backend's health
 while streams are open (one ping at a time, on its own schedule, ending every stream with
 ``retry:`` once the backend has not answered for ``outage_grace`` seconds), subscribes the
-process's listens to the broadcast of processed changes, ends the streams of stored credentials
+process's listens to the broadcast of processed changes while it has any, ends the streams of stored credentials
 that were revoked (one batched check of them all every ``credential_check_seconds``; expiry is
 each stream's own timer, ``Stream.bind``), and ends every stream on shutdown
 (``retry:`` for legacy streams, the ``complete`` result for listens). It knows the streams only
@@ -55,15 +55,17 @@ class Hub:
         self._outages = metrics.counter("mcp_broker_backend_outages_total")
         self._outage_seconds = metrics.counter("mcp_broker_backend_outage_seconds_total")
         self._tasks: list[asyncio.Task[None]] = []
+        #: Gives the broadcast up; None while this process does not receive it.
         self._unsubscribe: Callable[[], Awaitable[None]] | None = None
+        #: Held while the broadcast is being subscribed or given up.
+        self._subscription = asyncio.Lock()
+        listens.ready = self.listening
         #: Loop time at which the first backend ping that did not answer was sent; None while
         #: the backend answers (or no stream is open to care).
         self.outage_since: float | None = None
 
     async def start(self) -> None:
-        """Subscribe the listens to the broadcast and start the timers. Raises ``BackendUnavailable``."""
-        self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost,
-                                                           self.listens.on_batch)
+        """Start the timers."""
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick(), name="hub-keepalive"),
                        loop.create_task(self._touch(), name="hub-touch"),
@@ -71,15 +73,54 @@ class Hub:
         if self.revoked is not None:
             self._tasks.append(loop.create_task(self._check_credentials(self.revoked), name="hub-credentials"))
 
+    async def listening(self) -> None:
+        """Receive the broadcast for this process's listens: once this returns, every change fanned
+        out from then on reaches them (``ListenIndex.on_change``), so a listen awaits it before its
+        ack. The first listen subscribes it (a round trip on Redis); it is given up once no listen
+        has been open for a whole keep-alive interval (``_tick``). A worker without listens
+        receives and decodes none of the broadcasts, one per fan-out batch of every worker.
+
+        Raises:
+            BackendUnavailable: the subscription could not be confirmed; the next listen tries again.
+        """
+        if self._unsubscribe is not None:
+            return
+        async with self._subscription:
+            if self._unsubscribe is None:
+                self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost,
+                                                                   self.listens.on_batch)
+
+    async def _give_up_broadcast(self) -> None:
+        """Unsubscribe the broadcast, no listen being open (one waiting for ``listening`` counts as open)."""
+        async with self._subscription:
+            unsubscribe, self._unsubscribe = self._unsubscribe, None
+            if unsubscribe is None or len(self.listens):
+                self._unsubscribe = unsubscribe
+                return
+            try:
+                await unsubscribe()
+            except BackendUnavailable as exc:  # the channel goes with the connection
+                logger.info("giving up the broadcast channel: %s", exc)
+
     async def _tick(self) -> None:
         # Keep-alives are spread over KEEPALIVE_SLOTS ticks per interval, and only streams that
         # sent nothing since their last turn get one: 10,000 streams woken in the same instant
         # stalled every other stream for tens of milliseconds (measured: p99 of the targeted
         # benchmark 170 ms with one burst per interval, 25 ms without).
         turn = 0
+        #: Ticks in a row with the broadcast subscribed and no listen open.
+        idle = 0
         while True:
             await asyncio.sleep(self.settings.keepalive_interval / KEEPALIVE_SLOTS)
             turn = (turn + 1) % KEEPALIVE_SLOTS
+            idle = idle + 1 if self._unsubscribe is not None and not len(self.listens) else 0
+            if idle > KEEPALIVE_SLOTS:
+                idle = 0
+                try:
+                    await self._give_up_broadcast()
+                except Exception:  # the task's boundary: keep-alives must go on
+                    raise_if_cancelled()
+                    logger.exception("giving up the broadcast channel failed")
             for stream in self.streams.all():
                 if hash(stream) % KEEPALIVE_SLOTS == turn:
                     if stream.active:
