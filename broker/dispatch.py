@@ -225,15 +225,17 @@ class Dispatcher:
             return await self.leased_listen(call, msg)
         return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
 
-    def listen(self, call: Call, msg: Message) -> Listen:
-        """Open a listen: its filter checked, registered at once (capacity included) so nothing
-        published from now on is missed; refusals come back before any stream starts.
+    def listen(self, call: Call, msg: Message,
+               listen_filter: tuple[list[str], bool, dict[str, Any]] | None = None) -> Listen:
+        """Open a listen: its filter checked (unless ``listen_filter`` is the checked one), registered
+        at once (capacity included) so nothing handed on from now on is missed; refusals come back
+        before any stream starts.
 
         Raises:
             RpcError: -32602 (400) for a bad filter; -32603 when this worker has ``max_listens`` open.
         """
         assert msg.id is not None
-        uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
+        uris, list_changed, ack = listen_filter or self.methods.listen_filter(call, msg.params)
         try:
             listen = self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
         except LimitExceeded as exc:
@@ -243,33 +245,29 @@ class Dispatcher:
         return listen
 
     async def leased_listen(self, call: Call, msg: Message) -> Listen:
-        """``listen``, holding a place in the tenant's ``listens`` quota when it has one, and returned
-        once the changes fanned out from then on reach it (before its ack: ``ListenIndex.ready``).
+        """``listen``, holding a place in the tenant's ``listens`` quota when it has one.
+
+        The worker's broadcast subscription is confirmed first (``ListenIndex.ready``), and the
+        listen is registered with no wait in between, so it receives every change fanned out
+        after its ack; a listen refused there was never counted nor held a place.
 
         Raises:
             RpcError: as ``listen``; -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
-            BackendUnavailable: this worker could not subscribe the broadcast (nothing is kept).
+            BackendUnavailable: this worker could not subscribe the broadcast.
         """
-        listen = await self._leased_listen(call, msg)
+        listen_filter = self.methods.listen_filter(call, msg.params)  # a bad filter takes no place
+        lease: Lease | None = None
+        if self.quotas is not None and self.quotas.limits(call.principal.tenant).listens is not None:
+            try:
+                lease = await self.quotas.acquire("listens", call.principal.tenant)
+            except OverQuota as exc:
+                raise quota_error(exc) from exc
         try:
             await self.listens.ready()
+            listen = self.listen(call, msg, listen_filter)
         except BaseException:
-            self.close_listen(listen)
-            raise
-        return listen
-
-    async def _leased_listen(self, call: Call, msg: Message) -> Listen:
-        if self.quotas is None or self.quotas.limits(call.principal.tenant).listens is None:
-            return self.listen(call, msg)
-        self.methods.listen_filter(call, msg.params)  # a bad filter takes no place
-        try:
-            lease = await self.quotas.acquire("listens", call.principal.tenant)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
-        try:
-            listen = self.listen(call, msg)
-        except BaseException:
-            self.quotas.release(lease)
+            if lease is not None and self.quotas is not None:
+                self.quotas.release(lease)
             raise
         if lease is not None:
             self._leases[listen] = lease

@@ -20,6 +20,7 @@ from typing import Final
 
 from broker.backends.base import Broadcast
 from broker.config import Settings
+from broker.delivery.feed import BroadcastFeed
 from broker.delivery.listen import ListenIndex
 from broker.delivery.stream import EndReason, Stream, Streams
 from broker.errors import BackendUnavailable, raise_if_cancelled
@@ -55,11 +56,10 @@ class Hub:
         self._outages = metrics.counter("mcp_broker_backend_outages_total")
         self._outage_seconds = metrics.counter("mcp_broker_backend_outage_seconds_total")
         self._tasks: list[asyncio.Task[None]] = []
-        #: Gives the broadcast up; None while this process does not receive it.
-        self._unsubscribe: Callable[[], Awaitable[None]] | None = None
-        #: Held while the broadcast is being subscribed or given up.
-        self._subscription = asyncio.Lock()
-        listens.ready = self.listening
+        #: The broadcast, subscribed while this process has listens open; given up a keep-alive
+        #: interval after the last one closed.
+        self.feed = BroadcastFeed(broadcast, listens, streams, idle_ticks=KEEPALIVE_SLOTS)
+        listens.ready = self.feed.ready
         #: Loop time at which the first backend ping that did not answer was sent; None while
         #: the backend answers (or no stream is open to care).
         self.outage_since: float | None = None
@@ -73,54 +73,16 @@ class Hub:
         if self.revoked is not None:
             self._tasks.append(loop.create_task(self._check_credentials(self.revoked), name="hub-credentials"))
 
-    async def listening(self) -> None:
-        """Receive the broadcast for this process's listens: once this returns, every change fanned
-        out from then on reaches them (``ListenIndex.on_change``), so a listen awaits it before its
-        ack. The first listen subscribes it (a round trip on Redis); it is given up once no listen
-        has been open for a whole keep-alive interval (``_tick``). A worker without listens
-        receives and decodes none of the broadcasts, one per fan-out batch of every worker.
-
-        Raises:
-            BackendUnavailable: the subscription could not be confirmed; the next listen tries again.
-        """
-        if self._unsubscribe is not None:
-            return
-        async with self._subscription:
-            if self._unsubscribe is None:
-                self._unsubscribe = await self.broadcast.subscribe(self.listens.on_change, self.listens.on_lost,
-                                                                   self.listens.on_batch)
-
-    async def _give_up_broadcast(self) -> None:
-        """Unsubscribe the broadcast, no listen being open (one waiting for ``listening`` counts as open)."""
-        async with self._subscription:
-            unsubscribe, self._unsubscribe = self._unsubscribe, None
-            if unsubscribe is None or len(self.listens):
-                self._unsubscribe = unsubscribe
-                return
-            try:
-                await unsubscribe()
-            except BackendUnavailable as exc:  # the channel goes with the connection
-                logger.info("giving up the broadcast channel: %s", exc)
-
     async def _tick(self) -> None:
         # Keep-alives are spread over KEEPALIVE_SLOTS ticks per interval, and only streams that
         # sent nothing since their last turn get one: 10,000 streams woken in the same instant
         # stalled every other stream for tens of milliseconds (measured: p99 of the targeted
         # benchmark 170 ms with one burst per interval, 25 ms without).
         turn = 0
-        #: Ticks in a row with the broadcast subscribed and no listen open.
-        idle = 0
         while True:
             await asyncio.sleep(self.settings.keepalive_interval / KEEPALIVE_SLOTS)
             turn = (turn + 1) % KEEPALIVE_SLOTS
-            idle = idle + 1 if self._unsubscribe is not None and not len(self.listens) else 0
-            if idle > KEEPALIVE_SLOTS:
-                idle = 0
-                try:
-                    await self._give_up_broadcast()
-                except Exception:  # the task's boundary: keep-alives must go on
-                    raise_if_cancelled()
-                    logger.exception("giving up the broadcast channel failed")
+            self.feed.tick()
             for stream in self.streams.all():
                 if hash(stream) % KEEPALIVE_SLOTS == turn:
                     if stream.active:
@@ -263,9 +225,4 @@ class Hub:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        unsubscribe, self._unsubscribe = self._unsubscribe, None  # shutdown may run twice
-        if unsubscribe is not None:
-            try:
-                await unsubscribe()
-            except BackendUnavailable:
-                pass
+        await self.feed.close()

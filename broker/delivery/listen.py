@@ -1,13 +1,14 @@
 """2026-07-28 ``subscriptions/listen`` streams, and the index that hands them the changes of this process.
 
 A listen has no replay by specification. Its pending notifications are coalesced per URI, so
-its buffer is bounded by the size of its filter. Every worker with listens open receives every processed change
-(the backend's broadcast) and ``ListenIndex.on_change`` hands it to the listens of this worker
-whose filter names one of its targets (``broker.notifications``); a listen's ack waits until the
-broadcast is subscribed (``ready``). When the backend may have
-lost broadcasts (on Redis, the worker's pub/sub connection was re-made), every listen gets the
-gap rule: an ``updated`` for each URI of its filter, and ``list_changed`` if it asked for those,
-so its client re-reads instead of missing a change.
+its buffer is bounded by the size of its filter. Every worker with listens open receives every
+processed change (the backend's broadcast, subscribed by ``delivery.feed``) and
+``ListenIndex.on_change`` hands it to the listens of this worker whose filter names one of its
+targets (``broker.notifications``); a listen is registered, and acknowledged, only once the
+broadcast is subscribed (``ready``). When the backend may have lost broadcasts (on Redis, the
+worker's pub/sub connection was re-made), every listen gets the gap rule: an ``updated`` for
+each URI of its filter, and ``list_changed`` if it asked for those, so its client re-reads
+instead of missing a change.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class ListenIndex:
         self._list_changed: dict[str, set[Listen]] = {}
         #: When the changes being handed on were accepted, while they are a sampled batch; else 0.
         self._probe = 0.0
-        #: Returns once the changes fanned out from then on reach ``on_change`` (set by the Hub,
-        #: which subscribes the broadcast while listens are open); a listen awaits it before its ack.
+        #: Returns once the changes fanned out from then on reach ``on_change`` (the Hub sets it to
+        #: ``BroadcastFeed.ready``); awaited before a listen is registered, with no wait in between.
         self.ready: Callable[[], Awaitable[None]] = _ready
 
     def __len__(self) -> int:

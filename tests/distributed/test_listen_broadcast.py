@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from tests.distributed.conftest import WORKER_ENV
 from tests.integration import modern
@@ -25,9 +26,20 @@ CHANNEL = "mcpb:bcast"
 
 async def receivers(redis: Redis) -> int:
     """The connections subscribed to the broadcast channel (sharded or not, as the server has it)."""
-    sharded = await redis.pubsub_shardnumsub(CHANNEL)
-    plain = await redis.pubsub_numsub(CHANNEL)
-    return sum(int(count) for _, count in [*sharded, *plain])
+    counts = list(await redis.pubsub_numsub(CHANNEL))
+    try:
+        counts += await redis.pubsub_shardnumsub(CHANNEL)
+    except ResponseError:  # before Redis 7: no sharded pub/sub, the broker uses plain channels
+        pass
+    return sum(int(count) for _, count in counts)
+
+
+async def fanned_out(http: httpx.AsyncClient) -> float:
+    """The worker's ``mcp_broker_fanout_changes_total``."""
+    for line in (await http.get("/metrics")).text.splitlines():
+        if line.startswith("mcp_broker_fanout_changes_total"):
+            return float(line.split()[-1])
+    return 0.0
 
 
 async def until_receivers(redis: Redis, expected: int) -> None:
@@ -64,6 +76,9 @@ async def test_a_worker_receives_the_broadcast_only_while_it_has_listens() -> No
             async with httpx.AsyncClient(base_url=worker.url, timeout=10) as http:
                 for seq in range(3):  # fanned out with no listen open: nothing receives the broadcast
                     assert (await http.post("/changes", json={"uri": uri, "meta": {"seq": seq}})).status_code == 202
+                async with asyncio.timeout(15):
+                    while await fanned_out(http) < 3:
+                        await asyncio.sleep(0.05)
                 assert await receivers(redis) == 0
 
                 await acknowledged_then_notified(http, redis, uri, 10)

@@ -10,7 +10,7 @@ store              module              what
 ``subscriptions``  ``subscriptions``   a session's set and the URI index, in that order
 ``inboxes``        ``inboxes``         offsets, the gap test, atomic append and wake-up, the claim
 ``changelog``      ``changelog``       partitioned streams, their bounds, fenced reads
-``broadcast``      ``broadcast``       processed changes to every worker, each at most once
+``broadcast``      ``broadcast``       processed changes to every worker with listens, each at most once
 ``records``        ``records``         records written with their change in one script
 ``leases``         ``leases``          named leases; also each fan-out consumer's partition share
 ``quotas``         ``quotas``          per-tenant places (streams, listens) and publish buckets

@@ -1,10 +1,11 @@
-"""The listen broadcast on Redis (``base.Broadcast``): processed changes to every worker, on ``P:bcast``.
+"""The listen broadcast on Redis (``base.Broadcast``): processed changes to every worker with listens, on ``P:bcast``.
 
-Every worker subscribes the one channel while it has handlers, on its pub/sub connection
-(``wakes.WakeBus``). Pub/sub keeps nothing for a connection that was down, so after a reconnect
-the handlers' ``on_lost`` callbacks are called (``lost``), once the channel is subscribed
-again. Each change carries its id, and ``types.BroadcastFilter`` hands a change to the
-handlers at most once; the filter starts afresh when the store's data was lost (``epoch``).
+A worker subscribes the one channel while it has handlers (while it has listens open:
+``delivery.feed``), on its pub/sub connection (``wakes.WakeBus``). Pub/sub keeps nothing for a
+connection that was down, so after a reconnect the handlers' ``on_lost`` callbacks are called
+(``lost``), once the channel is subscribed again. Each change carries its id, and
+``types.BroadcastFilter`` hands a change to the handlers at most once; the filter starts afresh
+when the store's data was lost (``epoch``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class RedisBroadcast:
 
     def add_to(self, batch: Batch, changes: Sequence[tuple[str, Change]]) -> None:
         """Publish ``changes`` in ``batch``: one message per ``wake_message_max_bytes`` of changes,
-        since every worker's pub/sub connection receives each one, and a batch of large ``meta``
+        since every listening worker's pub/sub connection receives each one, and a batch of large ``meta``
         in one message could pass Redis's output buffer limit for subscribers and drop them all."""
         if changes:
             for message in encode_changes(changes, self.settings.wake_message_max_bytes):

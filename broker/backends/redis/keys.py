@@ -27,7 +27,7 @@ key                            type        what
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections
 ``P:{c:<n>}:use:<t>``          hash        the tenant's records (``n``) and their bytes (``b``), for its quota
-``P:bcast``                    channel     changes for modern listens, every worker subscribes
+``P:bcast``                    channel     changes for modern listens, subscribed by every worker that has any
 ``P:{k}:key:<id>``             hash        a runtime API key's record (``base.Credentials``), never the key
 ``P:{k}:digest:<sha256>``      string      the id of the key with that digest
 ``P:{k}:ids``                  zset        every key's id, score 0, for ordered paging

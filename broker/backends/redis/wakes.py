@@ -116,6 +116,18 @@ class WakeBus:
                     self._nodes_changed.set()  # Cluster: maybe a node that needs a reader
                 else:
                     await pubsub.subscribe(channel)
+        except BaseException:
+            # Not sent, as far as this task knows: no confirmation is owed to this waiter, and a
+            # later one of the channel must go to the next subscribe's (a stale waiter would
+            # take it, and that subscribe would time out).
+            pending = self._confirm.get(channel)
+            if pending is not None and waiter in pending:
+                pending.remove(waiter)
+                if not pending:
+                    del self._confirm[channel]
+            waiter.cancel()
+            raise
+        try:
             await asyncio.wait_for(waiter, self._timeout)
         except TimeoutError as exc:
             raise BackendUnavailable(f"redis did not confirm the subscription to {channel}") from exc
