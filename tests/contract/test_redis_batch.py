@@ -46,11 +46,15 @@ async def test_replies_come_in_order_through_the_callbacks_with_errors_in_place_
             batch.pipe.smembers(key + "s")
             batch.call(fails, [key], [])
             batch.call(echo, [key], ["hello"])
+            batch.pipe.incr(key + "h")  # a hash: WRONGTYPE
             batch.pipe.exists(key + "h")
             replies = await batch.execute(raise_errors=False)
             assert replies[:4] == [2, {b"a": b"1", b"b": b"2"}, 2, {b"x", b"y"}]
             assert isinstance(replies[4], ResponseError) and "no such thing" in str(replies[4])
-            assert replies[5:] == [b"hello", 1]
+            assert replies[5] == b"hello"
+            assert isinstance(replies[6], ResponseError) and "WRONGTYPE" in str(replies[6])
+            assert replies[7] == 1
+            assert len(batch) == 0 and await batch.execute() == []  # sent once
 
             raising = Batch(client)
             raising.pipe.incr(key + "n")

@@ -19,6 +19,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from broker.backends.redis.connection import Client
+from broker.backends.redis.pool import QuickPool
 
 __all__ = ["Batch"]
 
@@ -107,19 +108,21 @@ class Batch:
 
         What redis-py's ``Pipeline.execute`` does for a pipeline that is no transaction, without
         the machinery around it that these batches never use: WATCH state, scripts loaded ahead,
-        HIMPORT fieldsets, observability records, and a shielded release task. That machinery
-        cost about a third of a batch's client CPU: 108-123 µs per three-command batch through
-        ``Pipeline.execute`` against 67-97 µs this way (bench/NOTES.md). As there, the commands
-        are recorded by redis-py's pipeline, each reply goes through the client's response
-        callbacks (``parse_response``), a connection error or timeout is retried on a new
-        connection under the connection's retry policy (every command of the batch again; the
-        batches' scripts and broadcasts are made to be repeated), and the connection is dropped
-        by redis-py as soon as a read or write fails or is cancelled midway, so no reply is left
-        for the next caller.
+        HIMPORT fieldsets, observability records, and a task to shield every release. That
+        machinery cost about a third of a batch's client CPU: 108-123 µs per three-command batch
+        through ``Pipeline.execute`` against 67-97 µs this way (bench/NOTES.md). As there, the
+        commands are recorded by redis-py's pipeline, each reply goes through the client's
+        response callbacks (``parse_response``), a connection error or timeout is retried on a
+        new connection under the connection's retry policy (every command of the batch again;
+        the batches' scripts and broadcasts are made to be repeated), and a read or write that
+        fails or is cancelled midway drops the connection (redis-py), so it goes back to the pool
+        with no reply left in it. A release that must wait (another task is waiting for a
+        connection) is shielded, so a cancellation cannot leave the connection counted in use;
+        the common one (``QuickPool.put_back``) does not wait at all.
         """
         server = self._server
         assert server is not None
-        stack = self.pipe.command_stack
+        stack, self.pipe.command_stack = self.pipe.command_stack, []  # sent once, as redis-py's pipeline
         pool = server.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
 
@@ -141,4 +144,5 @@ class Batch:
             replies: list[Any] = await connection.retry.call_with_retry(exchange, failed, with_failure_count=True)
             return replies
         finally:
-            await pool.release(connection)
+            if not (isinstance(pool, QuickPool) and pool.put_back(connection)):
+                await asyncio.shield(pool.release(connection))

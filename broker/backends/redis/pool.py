@@ -50,10 +50,16 @@ class QuickPool(BlockingConnectionPool):
         finally:
             self._entered -= 1
 
-    async def release(self, connection: Any) -> None:
-        # No await on the short way: a connection redis-py wants reconnected goes the long way.
+    def put_back(self, connection: Any) -> bool:
+        """The short way of ``release``, which never waits; False when the long way must be taken
+        (a task waits for a connection, the pool is in maintenance, or redis-py wants the
+        connection reconnected)."""
         if self._quick() and not connection.should_reconnect():
             self._in_use_connections.remove(connection)
             self._available_connections.append(connection)
-            return
-        await super().release(connection)
+            return True
+        return False
+
+    async def release(self, connection: Any) -> None:
+        if not self.put_back(connection):
+            await super().release(connection)
