@@ -138,8 +138,13 @@ class RedisInboxes:
             pair = packed.get(id(frame))
             if pair is None:
                 pair = packed[id(frame)] = (encode_mark(frame.change), encode_frame(frame))
-            per_session.setdefault(sid, []).extend(pair)
-            frames.setdefault(sid, []).append(frame)
+            marked = per_session.get(sid)
+            if marked is None:  # most sessions have one frame per batch: no setdefault's empty list
+                per_session[sid] = [*pair]
+                frames[sid] = [frame]
+            else:
+                marked += pair
+                frames[sid].append(frame)
         if not per_session:
             return None
         now_ms = int(time.time() * 1000)
@@ -157,8 +162,7 @@ class RedisInboxes:
             keys: list[str] = []
             args: list[Any] = list(head)
             for sid in sids[start : start + per_call]:
-                session_keys = self.keys.session(sid)
-                keys += [session_keys.meta, session_keys.inbox, session_keys.wake]
+                keys += self.keys.inbox_keys(sid)
                 marked = per_session[sid]
                 args.append(len(marked) // 2)
                 args += marked
@@ -180,14 +184,13 @@ class RedisInboxes:
         offsets tell it whether a wake-up follows on what it has (``delivery.legacy``).
         """
         replies = [value for result in results for value in result]
-        heads = [int(h) for h in replies[0::4]]
-        trimmed = sum(int(t) for t in replies[3::4])
+        heads = list(map(int, replies[0::4]))
+        trimmed = sum(map(int, replies[3::4]))
         if trimmed:
             self._trimmed.inc(trimmed)
         wakes: dict[str, list[NodeWake]] = {}
         if not self.cluster:
-            nodes = [as_text(node) for node in replies[1::4]]
-            wakes, local, local_reads = self._wake_entries(appends, heads, nodes, replies[2::4])
+            wakes, local, local_reads = self._wake_entries(appends, heads, replies[1::4], replies[2::4])
             for sid, first in local:
                 self._watchers.deliver(sid, [Wake("frames", first + i, frame=frame)
                                              for i, frame in enumerate(appends.frames[sid])])
@@ -195,7 +198,7 @@ class RedisInboxes:
                 self._watchers.deliver(sid, [Wake("frames", head)])
         return [sid for sid, h in zip(appends.sids, heads, strict=True) if h < 0], wakes
 
-    def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[str],
+    def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[bytes | str],
                       skipped: list[list[int]]
                       ) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]], list[tuple[str, int]]]:
         """The wake-ups of a whole batch: per other worker's node, its entries to publish after the
@@ -214,17 +217,18 @@ class RedisInboxes:
         """
         frame_max = self._frame_max
         mine = self._watchers.node
+        mine_raw = (mine.encode(), mine)  # the script's reply: bytes (redis-py) or str (fakeredis)
         by_node: dict[str, list[NodeWake]] = {}
         local: list[tuple[str, int]] = []
         local_reads: list[tuple[str, int]] = []
-        for sid, head, node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
-            if head < 0 or not node:
+        for sid, head, raw_node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
+            if head < 0 or not raw_node:
                 continue
-            frames, packed = appends.frames[sid], appends.packed(sid)
-            if skips:
-                left_out = {int(i) - 1 for i in skips}
+            node = mine if raw_node in mine_raw else as_text(raw_node)
+            frames = appends.frames[sid]
+            left_out = {int(i) - 1 for i in skips} if skips else None
+            if left_out:
                 frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
-                packed = [data for i, data in enumerate(packed) if i not in left_out]
             if not frames:
                 # Every frame was a repeat: a redo. An earlier attempt may have appended them and
                 # failed before announcing them (a later session of its script call, or of its
@@ -238,6 +242,9 @@ class RedisInboxes:
             if node == mine:
                 local.append((sid, first))
                 continue
+            packed = appends.packed(sid)
+            if left_out:
+                packed = [data for i, data in enumerate(packed) if i not in left_out]
             joined = b"".join(packed)
             entry: NodeWake = (sid, head, None) if len(joined) > frame_max else (sid, first, joined)
             by_node.setdefault(node, []).append(entry)

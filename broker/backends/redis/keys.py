@@ -89,6 +89,12 @@ class Keys:
         base = f"{self.prefix}:{{s:{session_id}}}"
         return SessionKeys(base + ":meta", base + ":subs", base + ":inbox", base + ":wake")
 
+    def inbox_keys(self, session_id: str) -> tuple[str, str, str]:
+        """``session``'s meta, inbox and wake keys, the keys of an inbox append (one call per frame
+        on the fan-out path: no ``SessionKeys`` built)."""
+        base = f"{self.prefix}:{{s:{session_id}}}"
+        return base + ":meta", base + ":inbox", base + ":wake"
+
     def node_wake(self, node: str) -> str:
         """The channel of one worker process: frame wake-ups of the sessions it watches (single node)."""
         return f"{self.prefix}:{{w:{node}}}:wake"

@@ -76,7 +76,9 @@ class RedisSubscriptions:
             for uri in uris:
                 batch.pipe.smembers(self.keys.index(tenant, uri))
             members = await batch.execute()
-        return {uri: [as_text(sid) for sid in sids] for uri, sids in zip(uris, members, strict=True) if sids}
+        # Inline rather than as_text: one call less per subscriber of every change fanned out.
+        return {uri: [sid.decode() if type(sid) is bytes else sid for sid in sids]
+                for uri, sids in zip(uris, members, strict=True) if sids}
 
     async def tenant_sessions(self, tenant: str) -> list[str]:
         with unavailable("subscriptions.tenant_sessions"):
