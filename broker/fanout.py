@@ -244,12 +244,17 @@ class Fanout:
         attempts = 0
         loop = asyncio.get_running_loop()
         since = loop.time()
+        #: When the backend first did not answer, while it does not; None while it does.
+        outage: float | None = None
         while True:
             batch: Sequence[tuple[str, Change]] = ()
             try:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
                 batch = await self.changelog.read(self.name, settings.fanout_batch, 1000)
+                if outage is not None:
+                    logger.info("fan-out resumed: the backend answers again after %.1fs", loop.time() - outage)
+                    outage = None
                 await self._process_to_the_end(batch)
                 failing, attempts = None, 0
                 backoff = 0.05
@@ -258,6 +263,7 @@ class Fanout:
             except Exception as exc:  # the fan-out boundary: log, back off, keep the worker alive
                 raise_if_cancelled()
                 if isinstance(exc, BackendUnavailable):
+                    outage = loop.time() if outage is None else outage
                     logger.warning("fan-out paused: backend unavailable (%s); retrying in %.2fs", exc, backoff)
                 elif not batch:
                     logger.exception("fan-out could not read the change log; retrying in %.2fs", backoff)
