@@ -1,7 +1,7 @@
 """Instructions per delivered frame, counted by ``valgrind --tool=callgrind``: a figure no noisy machine blurs.
 
-    python -m bench.instructions                   # memory and Redis backends, 100 sessions, 300 changes
-    python -m bench.instructions --backend memory  # one of them; --changes 500: same per-frame figure
+    python -m bench.instructions                   # memory and Redis, both workloads
+    python -m bench.instructions --backend memory  # one backend; --workload batched: one workload
     python -m bench.instructions --keep /tmp/cg    # keep the callgrind files, for callgrind_annotate
     make bench-instructions                        # both
 
@@ -9,13 +9,22 @@ For Redis, a ``redis-server`` is started outside valgrind (its own CPU is not co
 figure is the worker's side of a frame: the publish script call, the fenced read, the inbox
 appends, the wake-up decoding and the SSE event.
 
-The workload runs in one process over ASGI, with no sockets: 100 legacy sessions, 10 on each
-of 10 URIs, each with an open GET stream; then ``--changes`` changes through ``POST /changes``,
-one at a time, each delivered to its 10 streams before the next is published (so no batch
-coalesces and every run does the same work). It runs twice under callgrind, with no change and
-with ``--changes``, and the difference of the two totals, divided by the frames delivered, is
-the cost of one frame: a tenth of a publish request, fan-out and one SSE event. The hash seed is
-fixed; what is left to vary is a few thousand instructions of timer wake-ups per run.
+The workloads run in one process over ASGI, with no sockets, each on legacy sessions with an
+open GET stream, 10 on each URI:
+
+* ``one``: 100 sessions on 10 URIs; 300 changes through ``POST /changes``, one at a time, each
+  delivered to its 10 streams before the next is published, so every fan-out batch holds one
+  change and its per-batch costs (the read, the subscribers, the round trips) weigh on 10 frames.
+* ``batched``: 1,000 sessions on 100 URIs; 1,000 changes published 50 at a time, each 50 in one
+  request to 50 distinct URIs and delivered (500 frames) before the next: fan-out batches of 50
+  changes, as on a worker busy with the targeted benchmark point, so per-frame costs dominate
+  (one request carries 50 changes, so the publish weighs less than there, where each change is
+  a request of its own).
+
+Each runs twice under callgrind, with no change and with its changes, and the difference of
+the two totals, divided by the frames delivered, is the cost of one frame: a tenth of a publish
+request, its share of fan-out and one SSE event. The hash seed is fixed; what is left to vary
+is a few thousand instructions of timer wake-ups per run.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ import tempfile
 import time
 from typing import Any
 
-SESSIONS, FANOUT = 100, 10
+FANOUT = 10
+#: Per workload: sessions, changes, changes published at once.
+WORKLOADS = {"one": (100, 300, 1), "batched": (1000, 1000, 50)}
 #: Seconds any one step of the workload may take, at valgrind's speed.
 TIMEOUT = 600
 HEADERS = [(b"host", b"127.0.0.1"), (b"accept", b"application/json, text/event-stream"),
@@ -63,8 +74,11 @@ async def _call(app: Any, method: str, path: str, body: bytes, headers: list[tup
     return sent
 
 
-async def workload(changes: int) -> int:
-    """Run the workload in this process (on Redis when ``BENCH_REDIS_URL`` is set); the frames delivered."""
+async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
+    """Run the workload in this process (on Redis when ``BENCH_REDIS_URL`` is set); the frames delivered.
+
+    ``sessions`` on ``sessions // FANOUT`` URIs; ``changes`` published ``group`` at a time (in one
+    request), each group to distinct URIs and delivered before the next."""
     import orjson
 
     from broker.app import create_app
@@ -83,7 +97,7 @@ async def workload(changes: int) -> int:
     await broker.start()
     version = [(b"mcp-protocol-version", b"2025-11-25")]
     sids = []
-    for i in range(SESSIONS):
+    for i in range(sessions):
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                            "clientInfo": {"name": "b", "version": "1"}}}
@@ -109,7 +123,7 @@ async def workload(changes: int) -> int:
                 if first and body.startswith(b"id: "):  # the priming event: the stream has started
                     first = False
                     primed += 1
-                    if primed == SESSIONS:
+                    if primed == sessions:
                         started.set()
                 frames += body.count(b"data: {")
                 if frames >= target:
@@ -121,11 +135,13 @@ async def workload(changes: int) -> int:
     # pause was too short under valgrind, and streams cut off mid-start are not the workload).
     tasks = [asyncio.create_task(stream(sid)) for sid in sids]
     await asyncio.wait_for(started.wait(), TIMEOUT)
-    for k in range(changes):
-        target = (k + 1) * FANOUT
+    uris = sessions // FANOUT
+    for first in range(0, changes, group):
+        ks = range(first, min(first + group, changes))
+        target = ks[-1] * FANOUT + FANOUT
         arrived.clear()
-        change = {"uri": f"x:u{k % (SESSIONS // FANOUT)}", "meta": {"k": k}}
-        await _call(app, "POST", "/changes", orjson.dumps(change), [])
+        group_changes = [{"uri": f"x:u{k % uris}", "meta": {"k": k}} for k in ks]
+        await _call(app, "POST", "/changes", orjson.dumps(group_changes[0] if group == 1 else group_changes), [])
         await asyncio.wait_for(arrived.wait(), TIMEOUT)
     # The clients go away (as over HTTP), rather than their tasks being cancelled.
     leave.set()
@@ -134,7 +150,7 @@ async def workload(changes: int) -> int:
     return frames
 
 
-def _count(changes: int, backend: str, keep: str | None = None) -> int:
+def _count(name: str, changes: int, backend: str, keep: str | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         env.pop("BENCH_REDIS_URL", None)
@@ -149,7 +165,7 @@ def _count(changes: int, backend: str, keep: str | None = None) -> int:
         try:
             out = subprocess.run(
                 ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, "-m",
-                 "bench.instructions", "--run", str(changes)],
+                 "bench.instructions", "--workload", name, "--run", str(changes)],
                 env=env, capture_output=True, text=True, check=True)
         finally:
             if redis is not None:
@@ -157,7 +173,7 @@ def _count(changes: int, backend: str, keep: str | None = None) -> int:
                 redis.wait(10)
             if keep:  # for callgrind_annotate (--inclusive=yes): where a frame's instructions go
                 os.makedirs(keep, exist_ok=True)
-                os.replace(f"{tmp}/cg.out", os.path.join(keep, f"callgrind.{backend}.{changes}.out"))
+                os.replace(f"{tmp}/cg.out", os.path.join(keep, f"callgrind.{name}.{backend}.{changes}.out"))
     found = re.search(r"Collected : (\d+)", out.stderr)
     if found is None:
         raise SystemExit(f"no callgrind total in:\n{out.stderr[-2000:]}")
@@ -184,19 +200,23 @@ def _wait_redis(port: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--changes", type=int, default=300)
+    parser.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
     parser.add_argument("--backend", choices=["memory", "redis", "both"], default="both")
     parser.add_argument("--keep", metavar="DIR", help="keep the callgrind files in DIR")
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)  # the workload itself, under valgrind
     args = parser.parse_args()
     if args.run is not None:
-        print("frames", asyncio.run(workload(args.run)), file=sys.stderr)
+        sessions, _, group = WORKLOADS[args.workload]
+        print("frames", asyncio.run(workload(args.run, sessions, group)), file=sys.stderr)
         return 0
-    frames = args.changes * FANOUT
-    for backend in ("memory", "redis") if args.backend == "both" else (args.backend,):
-        base, loaded = _count(0, backend, args.keep), _count(args.changes, backend, args.keep)
-        print(f"{backend} backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
-              f"({args.changes} changes, {frames} frames; totals {base:,} and {loaded:,})", flush=True)
+    for name in WORKLOADS if args.workload == "both" else (args.workload,):
+        sessions, changes, group = WORKLOADS[name]
+        frames = changes * FANOUT
+        for backend in ("memory", "redis") if args.backend == "both" else (args.backend,):
+            base, loaded = _count(name, 0, backend, args.keep), _count(name, changes, backend, args.keep)
+            print(f"{name}, {backend} backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
+                  f"({sessions} sessions, {changes} changes {group} at a time, {frames} frames; "
+                  f"totals {base:,} and {loaded:,})", flush=True)
     return 0
 
 
