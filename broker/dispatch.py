@@ -256,12 +256,7 @@ class Dispatcher:
             BackendUnavailable: this worker could not subscribe the broadcast.
         """
         listen_filter = self.methods.listen_filter(call, msg.params)  # a bad filter takes no place
-        lease: Lease | None = None
-        if self.quotas is not None and self.quotas.limits(call.principal.tenant).listens is not None:
-            try:
-                lease = await self.quotas.acquire("listens", call.principal.tenant)
-            except OverQuota as exc:
-                raise quota_error(exc) from exc
+        lease = await self._listen_lease(call.principal.tenant)
         try:
             await self.listens.ready()
             listen = self.listen(call, msg, listen_filter)
@@ -272,6 +267,19 @@ class Dispatcher:
         if lease is not None:
             self._leases[listen] = lease
         return listen
+
+    async def _listen_lease(self, tenant: str) -> Lease | None:
+        """A place in the tenant's ``listens`` quota, None when it has none.
+
+        Raises:
+            RpcError: -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
+        """
+        if self.quotas is None or self.quotas.limits(tenant).listens is None:
+            return None
+        try:
+            return await self.quotas.acquire("listens", tenant)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
 
     async def resumable_listen(self, call: Call, msg: Message,
                                header: Callable[[str], str | None] | None) -> ResumableListen:
@@ -288,12 +296,7 @@ class Dispatcher:
         uris, list_changed, ack = self.methods.listen_filter(call, msg.params)
         stdio = header is None  # stdio has no headers: the id travels in ``_meta``
         resume_from = last_event_id(msg.params, None if header is None else header("last-event-id"))
-        lease: Lease | None = None
-        if self.quotas is not None and self.quotas.limits(call.principal.tenant).listens is not None:
-            try:
-                lease = await self.quotas.acquire("listens", call.principal.tenant)
-            except OverQuota as exc:
-                raise quota_error(exc) from exc
+        lease = await self._listen_lease(call.principal.tenant)
         try:
             listen = await self.resumables.open(call.principal, msg.id, uris, list_changed, ack, resume_from,
                                                 stdio=stdio)

@@ -252,10 +252,11 @@ class Fanout:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
                 batch = await self.changelog.read(self.name, settings.fanout_batch, 1000)
-                if outage is not None:
-                    logger.info("fan-out resumed: the backend answers again after %.1fs", loop.time() - outage)
-                    outage = None
                 await self._process_to_the_end(batch)
+                if outage is not None:
+                    logger.info("fan-out resumed: the backend answers again, %.1fs after fan-out first found it "
+                                "unavailable", loop.time() - outage)
+                    outage = None
                 failing, attempts = None, 0
                 backoff = 0.05
             except asyncio.CancelledError:

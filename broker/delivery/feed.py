@@ -53,6 +53,8 @@ class BroadcastFeed:
         self._giving_up: asyncio.Task[None] | None = None
         #: Ticks in a row with the broadcast subscribed and no listen open.
         self._idle = 0
+        #: ``close`` was called: an attempt that ends later gives its subscription up at once.
+        self._closed = False
 
     @property
     def subscribed(self) -> bool:
@@ -77,9 +79,13 @@ class BroadcastFeed:
     async def _subscribe(self) -> None:
         try:
             listens = self.listens
-            self._unsubscribe = await self.broadcast.subscribe(listens.on_change, listens.on_lost, listens.on_batch)
+            unsubscribe = await self.broadcast.subscribe(listens.on_change, listens.on_lost, listens.on_batch)
         finally:
             self._attempt = None
+        if self._closed:  # the process stopped meanwhile
+            await unsubscribe()
+            return
+        self._unsubscribe = unsubscribe
 
     def tick(self) -> None:
         """One tick of the Hub's keep-alive timer: give the subscription up once it has been idle long enough."""
@@ -107,7 +113,9 @@ class BroadcastFeed:
 
     async def close(self, timeout: float = 1.0) -> None:
         """Give the subscription up for good (the process stops: ``ready`` subscribes nothing more),
-        after an attempt or a give-up under way, for at most ``timeout`` seconds."""
+        after an attempt or a give-up under way, for at most ``timeout`` seconds (an attempt that
+        ends later gives its subscription up itself)."""
+        self._closed = True
         pending = [task for task in (self._attempt, self._giving_up) if task is not None and not task.done()]
         if pending:
             await asyncio.wait(pending, timeout=timeout)

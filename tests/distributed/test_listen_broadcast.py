@@ -34,12 +34,14 @@ async def receivers(redis: Redis) -> int:
     return sum(int(count) for _, count in counts)
 
 
+async def metric(http: httpx.AsyncClient, name: str) -> float:
+    """The sum of the worker's samples of ``name`` (labels included)."""
+    return sum(float(line.split()[-1]) for line in (await http.get("/metrics")).text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
 async def fanned_out(http: httpx.AsyncClient) -> float:
-    """The worker's ``mcp_broker_fanout_changes_total``."""
-    for line in (await http.get("/metrics")).text.splitlines():
-        if line.startswith("mcp_broker_fanout_changes_total"):
-            return float(line.split()[-1])
-    return 0.0
+    return await metric(http, "mcp_broker_fanout_changes_total")
 
 
 async def until_receivers(redis: Redis, expected: int) -> None:
@@ -55,7 +57,7 @@ async def acknowledged_then_notified(http: httpx.AsyncClient, redis: Redis, uri:
     async with modern.listen(http, [uri], f"listen-{seq}") as stream:
         ack = await stream.next()
         assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged", ack
-        assert await receivers(redis) == 1  # subscribed before the ack
+        assert await receivers(redis) == 1  # subscribed by the time the ack is read
         response = await http.post("/changes", json={"uri": uri, "meta": {"seq": seq}})
         assert response.status_code == 202, response.text
         while True:
@@ -88,11 +90,13 @@ async def test_a_worker_receives_the_broadcast_only_while_it_has_listens() -> No
                 await acknowledged_then_notified(http, redis, uri, 20)  # and subscribed again for the next
                 await until_receivers(redis, 0)
 
+                ended = await metric(http, "mcp_broker_streams_ended_total")
                 server.stop()  # no Redis: a listen cannot be subscribed, and is refused
                 refused = await http.post("/mcp", content=orjson.dumps(modern.request(
                     "subscriptions/listen", {"notifications": {"resourceSubscriptions": [uri]}}, "down")),
                     headers=modern.headers("subscriptions/listen"))
                 assert refused.status_code == 503, refused.text
+                assert await metric(http, "mcp_broker_streams_ended_total") == ended  # never registered
                 server.start()
                 await redis.aclose()
                 redis = Redis.from_url(server.url)  # the test's own connection died with the server

@@ -29,6 +29,9 @@ class GatedBroadcast:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
+        #: A removal waits for it (open unless a test holds one in flight).
+        self.removal = asyncio.Event()
+        self.removal.set()
         self.fail: Exception | None = None
         self.subscribes = 0
         self.removes = 0
@@ -45,6 +48,7 @@ class GatedBroadcast:
 
         async def remove() -> None:
             self.removes += 1
+            await self.removal.wait()
 
         return remove
 
@@ -133,3 +137,34 @@ async def test_a_stopping_worker_subscribes_nothing_more() -> None:
     assert broadcast.removes == 1 and not feed.subscribed
     await feed.ready()  # a listen opened now ends at once with its complete result
     assert broadcast.subscribes == 1 and not feed.subscribed
+
+
+async def test_a_listen_during_a_give_up_waits_for_a_subscription_of_its_own() -> None:
+    feed, broadcast, _, _ = make()
+    broadcast.gate.set()
+    await feed.ready()
+    broadcast.removal.clear()  # the unsubscribe is slow: still in flight when the next listen comes
+    for _ in range(IDLE_TICKS + 1):
+        feed.tick()
+    async with asyncio.timeout(5):
+        while broadcast.removes == 0:
+            await asyncio.sleep(0)
+    await feed.ready()  # not the subscription being given up
+    assert broadcast.subscribes == 2 and feed.subscribed
+    broadcast.removal.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert feed.subscribed  # the old one's end leaves the new one alone
+
+
+async def test_an_attempt_still_under_way_when_the_worker_stops_gives_its_subscription_up() -> None:
+    feed, broadcast, _, streams = make()
+    caller = asyncio.create_task(feed.ready())
+    await broadcast.entered.wait()
+    streams.closing = True
+    await feed.close(timeout=0.01)  # gives up waiting for the attempt
+    broadcast.gate.set()
+    await caller
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert broadcast.subscribes == 1 and broadcast.removes == 1 and not feed.subscribed

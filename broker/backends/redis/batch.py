@@ -117,8 +117,9 @@ class Batch:
         the batches' scripts and broadcasts are made to be repeated), and a read or write that
         fails or is cancelled midway drops the connection (redis-py), so it goes back to the pool
         with no reply left in it. A release that must wait (another task is waiting for a
-        connection) is shielded, so a cancellation cannot leave the connection counted in use;
-        the common one (``QuickPool.put_back``) does not wait at all.
+        connection, or the pool is Sentinel's) is shielded, as redis-py shields it, so a
+        cancellation cannot leave the connection counted in use; a single server's common one
+        (``QuickPool.put_back``) does not wait at all.
         """
         server = self._server
         assert server is not None
