@@ -9,6 +9,7 @@ for a while.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -83,7 +84,8 @@ class BroadcastFeed:
         finally:
             self._attempt = None
         if self._closed:  # the process stopped meanwhile
-            await unsubscribe()
+            with contextlib.suppress(BackendUnavailable):
+                await unsubscribe()
             return
         self._unsubscribe = unsubscribe
 
@@ -97,8 +99,8 @@ class BroadcastFeed:
             self._giving_up = asyncio.get_running_loop().create_task(self._give_up(), name="broadcast-give-up")
 
     async def _give_up(self) -> None:
-        # Checked again: a listen may have come since the tick. None can be registered from here
-        # on without a new attempt, which waits for nothing of this.
+        # Checked again: a listen may have come since the tick. From here on, a new listen finds
+        # no subscription and waits for an attempt of its own.
         unsubscribe = self._unsubscribe
         if unsubscribe is None or self._attempt is not None or len(self.listens):
             return

@@ -1,14 +1,14 @@
 """The Hub: the timers that keep one process's streams, its backend health check, and its shutdown.
 
-One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the
-idle clock of sessions with an open stream from running out, watches the backend's health
-while streams are open (one ping at a time, on its own schedule, ending every stream with
-``retry:`` once the backend has not answered for ``outage_grace`` seconds), subscribes the
-process's listens to the broadcast of processed changes while it has any, ends the streams of stored credentials
-that were revoked (one batched check of them all every ``credential_check_seconds``; expiry is
-each stream's own timer, ``Stream.bind``), and ends every stream on shutdown
-(``retry:`` for legacy streams, the ``complete`` result for listens). It knows the streams only
-through the ``Streams`` registry; they never reach back into it.
+One ``Hub`` per process drives keep-alives for every stream from a single timer, keeps the idle
+clock of sessions with an open stream from running out, watches the backend's health while
+streams are open (one ping at a time, on its own schedule, ending every stream with ``retry:``
+once the backend has not answered for ``outage_grace`` seconds), subscribes the process's
+listens to the broadcast of processed changes while it has any, ends the streams of stored
+credentials that were revoked (one batched check of them all every
+``credential_check_seconds``; expiry is each stream's own timer, ``Stream.bind``), and ends
+every stream on shutdown (``retry:`` for legacy streams, the ``complete`` result for listens).
+It knows the streams only through the ``Streams`` registry; they never reach back into it.
 """
 
 from __future__ import annotations
