@@ -24,8 +24,8 @@ open GET stream, 10 on each URI:
 Each runs twice under callgrind, with no change and with its changes, and the difference of
 the two totals, divided by the frames delivered, is the cost of one frame: its share of a
 publish request (a tenth in ``one``, a 500th in ``batched``), its share of fan-out and one SSE
-event. The hash seed is fixed; what is left to vary
-is a few thousand instructions of timer wake-ups per run.
+event. The hash seed is fixed; what is left to vary is a few thousand instructions of timer
+wake-ups per run.
 """
 
 from __future__ import annotations

@@ -89,14 +89,17 @@ class BroadcastFeed:
             return
         self._unsubscribe = unsubscribe
 
-    def tick(self) -> None:
-        """One tick of the Hub's keep-alive timer: give the subscription up once it has been idle long enough."""
+    def tick(self) -> asyncio.Task[None] | None:
+        """One tick of the Hub's keep-alive timer: give the subscription up once it has been idle
+        long enough; the task that gives it up, when this tick started one."""
         idle = (self._unsubscribe is not None and self._attempt is None and not len(self.listens)
                 and (self._giving_up is None or self._giving_up.done()))
         self._idle = self._idle + 1 if idle else 0
-        if self._idle > self.idle_ticks:
-            self._idle = 0
-            self._giving_up = asyncio.get_running_loop().create_task(self._give_up(), name="broadcast-give-up")
+        if self._idle <= self.idle_ticks:
+            return None
+        self._idle = 0
+        self._giving_up = asyncio.get_running_loop().create_task(self._give_up(), name="broadcast-give-up")
+        return self._giving_up
 
     async def _give_up(self) -> None:
         # Checked again: a listen may have come since the tick. From here on, a new listen finds

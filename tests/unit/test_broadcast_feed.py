@@ -60,13 +60,18 @@ def make() -> tuple[BroadcastFeed, GatedBroadcast, ListenIndex, Streams]:
     return BroadcastFeed(broadcast, listens, streams, IDLE_TICKS), broadcast, listens, streams
 
 
+def tick_past_idle(feed: BroadcastFeed) -> asyncio.Task[None] | None:
+    """Tick past the idle bound; the give-up the ticks started, if any."""
+    started = [task for _ in range(IDLE_TICKS + 1) if (task := feed.tick()) is not None]
+    assert len(started) <= 1
+    return started[0] if started else None
+
+
 async def given_up(feed: BroadcastFeed, broadcast: GatedBroadcast) -> bool:
-    """Tick past the idle bound and let the give-up run; whether it unsubscribed."""
+    """Tick past the idle bound and wait for the give-up, if one started; whether it unsubscribed."""
     before = broadcast.removes
-    for _ in range(IDLE_TICKS + 1):
-        feed.tick()
-    for _ in range(10):
-        await asyncio.sleep(0)
+    if (giving_up := tick_past_idle(feed)) is not None:
+        await giving_up
     return broadcast.removes > before and not feed.subscribed
 
 
@@ -118,9 +123,7 @@ async def test_the_subscription_stays_while_a_listen_is_open_and_goes_after_the_
     await feed.ready()
     listen = listens.open("l1", "default", ["mcpb://default/a/1"], False, {})
     assert not await given_up(feed, broadcast)
-    for _ in range(3 * IDLE_TICKS):
-        feed.tick()
-    await asyncio.sleep(0)
+    assert all(feed.tick() is None for _ in range(3 * IDLE_TICKS))
     assert feed.subscribed and broadcast.removes == 0
     listens.close(listen)
     assert await given_up(feed, broadcast)
@@ -144,16 +147,15 @@ async def test_a_listen_during_a_give_up_waits_for_a_subscription_of_its_own() -
     broadcast.gate.set()
     await feed.ready()
     broadcast.removal.clear()  # the unsubscribe is slow: still in flight when the next listen comes
-    for _ in range(IDLE_TICKS + 1):
-        feed.tick()
+    giving_up = tick_past_idle(feed)
+    assert giving_up is not None
     async with asyncio.timeout(5):
         while broadcast.removes == 0:
             await asyncio.sleep(0)
     await feed.ready()  # not the subscription being given up
     assert broadcast.subscribes == 2 and feed.subscribed
     broadcast.removal.set()
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await giving_up
     assert feed.subscribed  # the old one's end leaves the new one alone
 
 
@@ -164,7 +166,5 @@ async def test_an_attempt_still_under_way_when_the_worker_stops_gives_its_subscr
     streams.closing = True
     await feed.close(timeout=0.01)  # gives up waiting for the attempt
     broadcast.gate.set()
-    await caller
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await caller  # returns once the attempt, and the give-up it made, are over
     assert broadcast.subscribes == 1 and broadcast.removes == 1 and not feed.subscribed
