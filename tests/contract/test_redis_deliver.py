@@ -117,3 +117,24 @@ async def test_a_batch_whose_append_fails_stays_unacknowledged_and_its_redo_wake
     assert (got.offset, got.frame) == (1, None)  # the stream reads its inbox and finds the frame
     assert [f for _, f in (await a.inboxes.read(good, a.sessions.epoch, 0, 10)).frames] == [frame]
     assert (await raw.xpending(a.keys.log(partition), FANOUT_GROUP))["pending"] == 0
+
+
+async def test_a_partly_redone_batch_announces_only_its_new_frames_to_another_workers_stream(
+        workers: tuple[RedisBackend, RedisBackend, Redis]) -> None:
+    a, b, _ = workers
+    sid, wakes = await watched(b)
+    repeat = Frame("u:x:r", b"r", change="1:3-0")
+    await a.deliver([(sid, repeat)], [], [])
+    got = await asyncio.wait_for(wakes.get(), 5)
+    assert (got.offset, got.frame) == (1, repeat)
+    # Redone with a change of another partition on either side of it: the repeat, in the middle,
+    # is skipped, and b's stream hears the two new frames at the offsets they were given.
+    before, after = Frame("u:x:b", b"before", change="0:6-0"), Frame("u:x:c", b"after", change="0:7-0")
+    await a.deliver([(sid, before), (sid, repeat), (sid, after)], [], [])
+    heard = [await asyncio.wait_for(wakes.get(), 5) for _ in range(2)]
+    assert [(got.offset, got.frame) for got in heard] == [(2, before), (3, after)]
+    last = Frame("u:x:d", b"last", change="0:8-0")
+    await a.deliver([(sid, last)], [], [])
+    got = await asyncio.wait_for(wakes.get(), 5)
+    assert (got.offset, got.frame) == (4, last)  # nothing else was announced in between
+    assert [f for _, f in (await b.inboxes.read(sid, b.sessions.epoch, 0, 10)).frames] == [repeat, before, after, last]
