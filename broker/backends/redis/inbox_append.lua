@@ -46,9 +46,13 @@ for s = 1, #KEYS / 3 do
         break
       end
     end
-    local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head')
+    -- 't0' is at most the time of the inbox's oldest entry: it is set when an append finds
+    -- the inbox empty and when the inbox is searched for entries past the cutoff. Only when it
+    -- is missing or past the cutoff is the inbox searched (an XRANGE per append otherwise).
+    local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0')
     local head = tonumber(got[1]) or 0
     local node = got[2] or ''
+    local t0 = tonumber(got[4])
     local before = {} -- field -> position stored before this call
     local newest = {} -- field -> newest position of this call
     if first_field then
@@ -95,25 +99,37 @@ for s = 1, #KEYS / 3 do
       fields[#fields + 1] = 'head'
       fields[#fields + 1] = head
       for i = 1, #kept do
-        redis.call('XADD', KEYS[k - 1], 'MAXLEN', '~', ARGV[2], (first + i - 1) .. '-0', 't', ARGV[3], 'f', kept[i])
+        redis.call('XADD', KEYS[k - 1], (first + i - 1) .. '-0', 't', ARGV[3], 'f', kept[i])
       end
-      redis.call('PEXPIRE', KEYS[k - 1], ttl)
-      local oldest = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 1)
-      if oldest[1] and tonumber(oldest[1][2][2]) < cutoff then
+      if before_len == 0 then
+        -- A new inbox takes the session's expiry; from then on the session's touch renews both.
+        redis.call('PEXPIRE', KEYS[k - 1], ttl)
+        t0 = tonumber(ARGV[3])
+        fields[#fields + 1] = 't0'
+        fields[#fields + 1] = ARGV[3]
+      end
+      if before_len + #kept > tonumber(ARGV[2]) then
+        trimmed = redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', '~', ARGV[2])
+      end
+      if not t0 or t0 < cutoff then
         local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
         local keep = nil
         for _, entry in ipairs(entries) do
-          if tonumber(entry[2][2]) >= cutoff then keep = entry[1] break end
+          if tonumber(entry[2][2]) >= cutoff then keep = entry break end
         end
         if keep then
-          redis.call('XTRIM', KEYS[k - 1], 'MINID', keep)
+          if keep ~= entries[1] then trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', keep[1]) end
+          t0 = keep[2][2]
         elseif #entries < 256 then
-          redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+          trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+          t0 = ARGV[3]
         else
-          redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+          trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+          t0 = entries[#entries][2][2]
         end
+        fields[#fields + 1] = 't0'
+        fields[#fields + 1] = t0
       end
-      trimmed = before_len + #kept - redis.call('XLEN', KEYS[k - 1])
       if ARGV[1] ~= '' then
         local packed = table.concat(kept)
         if #packed > wake_max then

@@ -1,0 +1,141 @@
+"""What a session's inbox keeps on Redis: its newest frames by count and by age, each frame trimmed
+counted, and the session's expiry (``inbox_append.lua``)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import Counter as Counts
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import pytest
+
+from broker.backends.base import Frame, SessionRecord
+from broker.backends.redis import RedisBackend
+from broker.backends.redis import inboxes as inboxes_module
+from broker.config import Settings
+from broker.metrics import NO_METRICS, Counter, Gauge, Histogram
+from tests.support import RedisProcess
+
+pytestmark = pytest.mark.redis
+
+TRIMMED = "mcp_broker_inbox_trimmed_total"
+
+
+class Counted:
+    """Metrics that keep the counters' totals."""
+
+    def __init__(self) -> None:
+        self.totals: Counts[str] = Counts()
+
+    def counter(self, name: str, **labels: str) -> Counter:
+        totals = self.totals
+
+        class One:
+            def inc(self, amount: float = 1.0) -> None:
+                totals[name] += int(amount)
+
+        return One()
+
+    def gauge(self, name: str, **labels: str) -> Gauge:
+        return NO_METRICS.gauge(name)
+
+    def histogram(self, name: str, **labels: str) -> Histogram:
+        return NO_METRICS.histogram(name)
+
+
+@pytest.fixture
+def server() -> Any:
+    with RedisProcess() as process:
+        yield process
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """The inboxes' clock, set by the test."""
+    now = SimpleNamespace(value=time.time())
+    monkeypatch.setattr(inboxes_module, "time", SimpleNamespace(time=lambda: now.value))
+    return now
+
+
+async def opened(server: Any, metrics: Counted, **settings: Any) -> AsyncIterator[RedisBackend]:
+    s = Settings(_env_file=None, redis_url=server.url, redis_prefix=f"t{secrets.token_hex(4)}", **settings)  # type: ignore[call-arg]
+    backend = RedisBackend(s, metrics=metrics)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def session(backend: RedisBackend) -> str:
+    record = SessionRecord(id=secrets.token_urlsafe(12), tenant="t1", principal="t1/alice",
+                           protocol_version="2025-11-25", epoch=backend.sessions.epoch, created_at=time.time())
+    await backend.sessions.create(record)
+    return record.id
+
+
+async def stored(backend: RedisBackend, sid: str) -> list[bytes]:
+    """The data of the frames the inbox holds."""
+    entries = await backend.redis.xrange(backend.keys.session(sid).inbox)
+    return [msgpack.unpackb(fields[b"f"])[1] for _, fields in entries]
+
+
+async def test_frames_past_the_length_bound_are_trimmed_and_each_counted(server: Any) -> None:
+    metrics = Counted()
+    async for backend in opened(server, metrics, inbox_maxlen=10):
+        sid = await session(backend)
+        for i in range(300):
+            await backend.inboxes.append([(sid, Frame("u:x", b"%d" % i))])
+        kept = await backend.redis.xlen(backend.keys.session(sid).inbox)
+        # Trimmed whole stream nodes at a time (MAXLEN ~), so somewhat more than 10 stay.
+        assert 10 <= kept < 300
+        assert metrics.totals[TRIMMED] == 300 - kept
+        read = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 1000)
+        assert read.gap and read.head == 300
+
+
+async def test_frames_older_than_the_retention_go_at_the_next_append_and_each_is_counted(
+        server: Any, clock: SimpleNamespace) -> None:
+    metrics = Counted()
+    async for backend in opened(server, metrics, inbox_retention=60.0):
+        sid = await session(backend)
+        start = clock.value
+        for i in range(5):
+            await backend.inboxes.append([(sid, Frame("u:x", b"early%d" % i))])
+        clock.value = start + 30
+        for i in range(3):
+            await backend.inboxes.append([(sid, Frame("u:x", b"later%d" % i))])
+        assert metrics.totals[TRIMMED] == 0
+        clock.value = start + 61  # the first five are past the retention now, the next three not yet
+        await backend.inboxes.append([(sid, Frame("u:x", b"a"))])
+        assert await stored(backend, sid) == [b"later0", b"later1", b"later2", b"a"]
+        assert metrics.totals[TRIMMED] == 5
+        clock.value = start + 91  # now the three are too, and the one appended at 61 is not
+        await backend.inboxes.append([(sid, Frame("u:x", b"b"))])
+        assert await stored(backend, sid) == [b"a", b"b"]
+        assert metrics.totals[TRIMMED] == 8
+        clock.value = start + 100  # nothing is past the retention: nothing goes
+        await backend.inboxes.append([(sid, Frame("u:x", b"c"))])
+        assert await stored(backend, sid) == [b"a", b"b", b"c"]
+        assert metrics.totals[TRIMMED] == 8
+
+
+async def test_an_inbox_expires_with_its_session_and_a_touch_renews_both(server: Any) -> None:
+    async for backend in opened(server, Counted(), session_ttl=600.0):
+        sid = await session(backend)
+        keys = backend.keys.session(sid)
+        await backend.inboxes.append([(sid, Frame("u:x", b"1"))])
+        await backend.redis.pexpire(keys.meta, 300_000)  # as if the session had idled for 5 minutes
+        await backend.redis.pexpire(keys.inbox, 300_000)
+        await backend.inboxes.append([(sid, Frame("u:x", b"2"))])
+        assert 0 < await backend.redis.pttl(keys.inbox) <= 300_000
+        await backend.sessions.touch([sid])
+        meta, inbox = await backend.redis.pttl(keys.meta), await backend.redis.pttl(keys.inbox)
+        assert 590_000 < inbox <= meta <= 600_000
+        await backend.redis.delete(keys.inbox)  # emptied (or evicted): the next append gives it the expiry again
+        await backend.inboxes.append([(sid, Frame("u:x", b"3"))])
+        assert 590_000 < await backend.redis.pttl(keys.inbox) <= 600_000
