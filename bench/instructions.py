@@ -5,9 +5,11 @@
     python -m bench.instructions --keep /tmp/cg    # keep the callgrind files, for callgrind_annotate
     make bench-instructions                        # both
 
-For Redis, a ``redis-server`` is started outside valgrind (its own CPU is not counted), so the
-figure is the worker's side of a frame: the publish script call, the fenced read, the inbox
-appends, the wake-up decoding and the SSE event.
+For Redis, a ``redis-server`` is started outside valgrind, so the first figure is the worker's
+side of a frame: the publish script call, the fenced read, the inbox appends, the wake-up
+decoding and the SSE event. Redis's own (the scripts, the commands, the replies) is counted in
+two more runs, with the worker outside valgrind and ``redis-server`` under it (a slowed
+Redis would change how the worker's reads fall, and so its count).
 
 The workloads run in one process over ASGI, with no sockets, each on legacy sessions with an
 open GET stream, 10 on each URI:
@@ -34,6 +36,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -151,7 +154,16 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     return frames
 
 
-def _count(name: str, changes: int, backend: str, keep: str | None = None) -> int:
+def _count(name: str, changes: int, backend: str, keep: str | None = None, counted: str = "worker") -> int:
+    """The instructions of one run of the workload: the worker's, or (``counted="redis"``, the
+    worker running natively) redis-server's."""
+    # Worker and Redis share one CPU: how the worker's reads fall depends on whether Redis answers
+    # from another CPU meanwhile, and moved its count by 2-3% from one run to the next.
+    pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+
+    def counting(command: list[str], out: str) -> list[str]:
+        return [*pin, "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command]
+
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         env.pop("BENCH_REDIS_URL", None)
@@ -159,25 +171,30 @@ def _count(name: str, changes: int, backend: str, keep: str | None = None) -> in
         redis = None
         if backend == "redis":
             port = _free_port()
-            redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL)
+            command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            command = counting(command, f"{tmp}/redis.out") if counted == "redis" else [*pin, *command]
+            with open(f"{tmp}/redis.err", "w") as err:  # valgrind's report, with its total, goes there
+                redis = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
             env["BENCH_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
             _wait_redis(port)
+        worker = [sys.executable, "-m", "bench.instructions", "--workload", name, "--run", str(changes)]
+        worker = counting(worker, f"{tmp}/cg.out") if counted == "worker" else [*pin, *worker]
+        redis_stderr = ""
         try:
-            out = subprocess.run(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, "-m",
-                 "bench.instructions", "--workload", name, "--run", str(changes)],
-                env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(worker, env=env, capture_output=True, text=True, check=True)
         finally:
             if redis is not None:
-                redis.terminate()
-                redis.wait(10)
-            if keep:  # for callgrind_annotate (--inclusive=yes): where a frame's instructions go
+                redis.terminate()  # redis-server exits on SIGTERM, and a callgrind around it writes its total
+                redis.wait(120)
+                with open(f"{tmp}/redis.err") as err:
+                    redis_stderr = err.read()
+            if keep and counted == "worker":  # for callgrind_annotate (--inclusive=yes): where a frame's work goes
                 os.makedirs(keep, exist_ok=True)
                 os.replace(f"{tmp}/cg.out", os.path.join(keep, f"callgrind.{name}.{backend}.{changes}.out"))
-    found = re.search(r"Collected : (\d+)", out.stderr)
+    stderr = out.stderr if counted == "worker" else redis_stderr
+    found = re.search(r"Collected : (\d+)", stderr)
     if found is None:
-        raise SystemExit(f"no callgrind total in:\n{out.stderr[-2000:]}")
+        raise SystemExit(f"no callgrind total in:\n{stderr[-2000:]}")
     return int(found.group(1))
 
 
@@ -218,6 +235,11 @@ def main() -> int:
             print(f"{name}, {backend} backend: {(loaded - base) / frames:,.0f} instructions per delivered frame "
                   f"({sessions} sessions, {changes} changes {group} at a time, {frames} frames; "
                   f"totals {base:,} and {loaded:,})", flush=True)
+            if backend == "redis":
+                base = _count(name, 0, backend, counted="redis")
+                loaded = _count(name, changes, backend, counted="redis")
+                print(f"{name}, redis-server's own: {(loaded - base) / frames:,.0f} instructions per delivered frame "
+                      f"(the same workload, the worker not counted; totals {base:,} and {loaded:,})", flush=True)
     return 0
 
 

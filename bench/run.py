@@ -3,12 +3,14 @@
     python -m bench.run --smoke                       # CI: 100 sessions, 1,000 changes, memory + Redis
     python -m bench.run --full                        # every server x every point x 3 repeats
     python -m bench.run --servers sdk,broker-memory --points targeted-1k,replay-100 --repeats 1
+    python -m bench.run --servers broker-redis-1 --points targeted-10k --redis-cpu 1
 
 Servers: ``broker-memory``, ``broker-redis-1``, ``broker-redis-2`` (``--workers 2``),
 ``sdk`` (bench/sdk_server.py on the official SDK).  Each point of each repeat gets
 a fresh server (and a fresh ``redis-server --save "" --appendonly no`` on a free
-port).  With one server process the server and Redis are pinned to CPU 0; the
-load generator always runs pinned to CPU 1.  Raw results go to bench/results/.
+port).  With one server process the server and Redis are pinned to CPU 0 (Redis to
+another CPU with ``--redis-cpu``, so that the worker has CPU 0 to itself); the load
+generator always runs pinned to CPU 1.  Raw results go to bench/results/.
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ class Server:
     procs: list[Proc] = field(default_factory=list)
     pid: int = 0
     aux_pid: int | None = None
+    #: The CPU redis-server is pinned to when it is not the server's (``--redis-cpu``).
+    redis_cpu: str | None = None
 
     def start(self) -> None:
         self.port = free_port()
@@ -230,7 +234,7 @@ class Server:
             rp = spawn(
                 pin(
                     ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                    cpu,
+                    self.redis_cpu or cpu,
                 ),
                 self.tmp / f"redis-{rport}.log",
             )
@@ -279,8 +283,9 @@ def run_loadgen(server: Server, args: list[str], timeout: float) -> dict[str, An
     return res
 
 
-def run_point(name: str, point: str, tmp: Path, extra: list[str], timeout: float) -> dict[str, Any]:
-    srv = Server(name, tmp)
+def run_point(name: str, point: str, tmp: Path, extra: list[str], timeout: float,
+              redis_cpu: str | None = None) -> dict[str, Any]:
+    srv = Server(name, tmp, redis_cpu=redis_cpu)
     try:
         srv.start()
         return run_loadgen(srv, POINTS[point] + extra, timeout)
@@ -370,6 +375,7 @@ def write_readme(results: dict[str, dict[str, list[dict[str, Any]]]], meta: dict
         "python -m bench.run --smoke      # CI: 100 sessions, 1,000 changes, memory and Redis; fails on loss",
         "python -m bench.run --full       # all servers, all points, 3 repeats (long)",
         "python -m bench.run --servers sdk,broker-memory --points targeted-1k --repeats 3",
+        "python -m bench.run --servers broker-redis-1 --points targeted-10k --redis-cpu 1   # a core per worker",
         "python bench/loadgen.py --help   # one scenario against a running server",
         "python -m bench.fairness [--redis URL] [--seconds 10] [--flood-rate 500]   # tenant fairness",
         "```",
@@ -531,6 +537,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per load-generator run")
     ap.add_argument("--readme", default=str(BENCH / "README.md"))
     ap.add_argument("--merge", help="also include the results of an earlier bench/results/*.json")
+    ap.add_argument("--redis-cpu", help="pin redis-server to this CPU rather than the server's (1: the load "
+                    "generator's, so that one worker has CPU 0 to itself)")
     args = ap.parse_args()
     raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -553,7 +561,7 @@ def main() -> int:
         for point in points:
             for name in servers:
                 print(f"[{rep + 1}/{args.repeats}] {point} on {name} ...", end=" ", flush=True)
-                r = run_point(name, point, tmp, extra, args.timeout)
+                r = run_point(name, point, tmp, extra, args.timeout, args.redis_cpu)
                 by_server = results.setdefault(point, {})
                 if rep == 0:
                     by_server[name] = []  # a fresh run replaces merged results for this pair
@@ -582,6 +590,8 @@ def main() -> int:
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "took_min": (time.monotonic() - t0) / 60,
     }
+    if args.redis_cpu:
+        meta["note"] = f"{args.repeats}; redis-server pinned to CPU {args.redis_cpu} (--redis-cpu)"
     out_dir = BENCH / "results"
     out_dir.mkdir(exist_ok=True)
     raw = out_dir / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
