@@ -185,7 +185,12 @@ def _count(name: str, changes: int, backend: str, keep: str | None = None, count
         finally:
             if redis is not None:
                 redis.terminate()  # redis-server exits on SIGTERM, and a callgrind around it writes its total
-                redis.wait(120)
+                try:
+                    redis.wait(120)
+                except subprocess.TimeoutExpired:
+                    redis.kill()
+                    redis.wait()
+                    raise SystemExit("redis-server did not stop within 120 s of SIGTERM") from None
                 with open(f"{tmp}/redis.err") as err:
                     redis_stderr = err.read()
             if keep and counted == "worker":  # for callgrind_annotate (--inclusive=yes): where a frame's work goes

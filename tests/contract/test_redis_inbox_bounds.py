@@ -7,6 +7,7 @@ import secrets
 import time
 from collections import Counter as Counts
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -61,6 +62,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     return now
 
 
+@asynccontextmanager
 async def opened(server: Any, metrics: Counted, **settings: Any) -> AsyncIterator[RedisBackend]:
     s = Settings(_env_file=None, redis_url=server.url, redis_prefix=f"t{secrets.token_hex(4)}", **settings)  # type: ignore[call-arg]
     backend = RedisBackend(s, metrics=metrics)
@@ -86,7 +88,7 @@ async def stored(backend: RedisBackend, sid: str) -> list[bytes]:
 
 async def test_frames_past_the_length_bound_are_trimmed_and_each_counted(server: Any) -> None:
     metrics = Counted()
-    async for backend in opened(server, metrics, inbox_maxlen=10):
+    async with opened(server, metrics, inbox_maxlen=10) as backend:
         sid = await session(backend)
         for i in range(300):
             await backend.inboxes.append([(sid, Frame("u:x", b"%d" % i))])
@@ -101,7 +103,7 @@ async def test_frames_past_the_length_bound_are_trimmed_and_each_counted(server:
 async def test_frames_older_than_the_retention_go_at_the_next_append_and_each_is_counted(
         server: Any, clock: SimpleNamespace) -> None:
     metrics = Counted()
-    async for backend in opened(server, metrics, inbox_retention=60.0):
+    async with opened(server, metrics, inbox_retention=60.0) as backend:
         sid = await session(backend)
         start = clock.value
         for i in range(5):
@@ -125,7 +127,7 @@ async def test_frames_older_than_the_retention_go_at_the_next_append_and_each_is
 
 
 async def test_an_inbox_expires_with_its_session_and_a_touch_renews_both(server: Any) -> None:
-    async for backend in opened(server, Counted(), session_ttl=600.0):
+    async with opened(server, Counted(), session_ttl=600.0) as backend:
         sid = await session(backend)
         keys = backend.keys.session(sid)
         await backend.inboxes.append([(sid, Frame("u:x", b"1"))])
@@ -139,3 +141,34 @@ async def test_an_inbox_expires_with_its_session_and_a_touch_renews_both(server:
         await backend.redis.delete(keys.inbox)  # emptied (or evicted): the next append gives it the expiry again
         await backend.inboxes.append([(sid, Frame("u:x", b"3"))])
         assert 590_000 < await backend.redis.pttl(keys.inbox) <= 600_000
+
+
+async def test_an_inbox_stored_without_t0_is_searched_and_its_aged_frames_go(
+        server: Any, clock: SimpleNamespace) -> None:
+    """Sessions whose hash has no ``t0`` (an inbox written before it existed) are trimmed by age too."""
+    metrics = Counted()
+    async with opened(server, metrics, inbox_retention=60.0) as backend:
+        sid = await session(backend)
+        start = clock.value
+        for i in range(3):
+            await backend.inboxes.append([(sid, Frame("u:x", b"old%d" % i))])
+        await backend.redis.hdel(backend.keys.session(sid).meta, "t0")
+        clock.value = start + 61
+        await backend.inboxes.append([(sid, Frame("u:x", b"new"))])
+        assert await stored(backend, sid) == [b"new"]
+        assert metrics.totals[TRIMMED] == 3
+
+
+async def test_an_append_that_trims_by_length_and_by_age_counts_every_frame_removed(
+        server: Any, clock: SimpleNamespace) -> None:
+    metrics = Counted()
+    async with opened(server, metrics, inbox_maxlen=10, inbox_retention=60.0) as backend:
+        sid = await session(backend)
+        start = clock.value
+        for i in range(109):
+            await backend.inboxes.append([(sid, Frame("u:x", b"%d" % i))])
+        assert metrics.totals[TRIMMED] == 0  # trimming by length waits for a stream node beyond the bound
+        clock.value = start + 61  # all 109 are past the retention, and the next append reaches 110
+        await backend.inboxes.append([(sid, Frame("u:x", b"last"))])
+        assert await stored(backend, sid) == [b"last"]
+        assert metrics.totals[TRIMMED] == 109

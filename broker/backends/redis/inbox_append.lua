@@ -46,9 +46,10 @@ for s = 1, #KEYS / 3 do
         break
       end
     end
-    -- 't0' is at most the time of the inbox's oldest entry: it is set when an append finds
-    -- the inbox empty and when the inbox is searched for entries past the cutoff. Only when it
-    -- is missing or past the cutoff is the inbox searched (an XRANGE per append otherwise).
+    -- 't0' is at most the time of the inbox's oldest entry (up to the clock skew between
+    -- workers): it is set when an append finds the inbox empty and when the inbox is searched
+    -- for entries past the cutoff. Only when it is missing or past the cutoff is the inbox
+    -- searched (an XRANGE per append otherwise).
     local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0')
     local head = tonumber(got[1]) or 0
     local node = got[2] or ''
@@ -108,7 +109,10 @@ for s = 1, #KEYS / 3 do
         fields[#fields + 1] = 't0'
         fields[#fields + 1] = ARGV[3]
       end
-      if before_len + #kept > tonumber(ARGV[2]) then
+      -- Whole stream nodes go (MAXLEN ~), so a full inbox keeps up to a node (100 entries by
+      -- default) beyond the bound: trimming is tried once that much has gathered, not at every
+      -- append. Reads hold to the bound itself (``inbox_gap``).
+      if before_len + #kept >= tonumber(ARGV[2]) + 100 then
         trimmed = redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', '~', ARGV[2])
       end
       if not t0 or t0 < cutoff then
