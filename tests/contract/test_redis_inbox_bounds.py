@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter as Counts
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
@@ -18,34 +17,12 @@ from broker.backends.base import Frame, SessionRecord
 from broker.backends.redis import RedisBackend
 from broker.backends.redis import inboxes as inboxes_module
 from broker.config import Settings
-from broker.metrics import NO_METRICS, Counter, Gauge, Histogram
+from examples.counting_metrics import CountingMetrics
 from tests.support import RedisProcess
 
 pytestmark = pytest.mark.redis
 
 TRIMMED = "mcp_broker_inbox_trimmed_total"
-
-
-class Counted:
-    """Metrics that keep the counters' totals."""
-
-    def __init__(self) -> None:
-        self.totals: Counts[str] = Counts()
-
-    def counter(self, name: str, **labels: str) -> Counter:
-        totals = self.totals
-
-        class One:
-            def inc(self, amount: float = 1.0) -> None:
-                totals[name] += int(amount)
-
-        return One()
-
-    def gauge(self, name: str, **labels: str) -> Gauge:
-        return NO_METRICS.gauge(name)
-
-    def histogram(self, name: str, **labels: str) -> Histogram:
-        return NO_METRICS.histogram(name)
 
 
 @pytest.fixture
@@ -63,7 +40,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
 
 @asynccontextmanager
-async def opened(server: Any, metrics: Counted, **settings: Any) -> AsyncIterator[RedisBackend]:
+async def opened(server: Any, metrics: CountingMetrics, **settings: Any) -> AsyncIterator[RedisBackend]:
     s = Settings(_env_file=None, redis_url=server.url, redis_prefix=f"t{secrets.token_hex(4)}", **settings)  # type: ignore[call-arg]
     backend = RedisBackend(s, metrics=metrics)
     await backend.start()
@@ -87,7 +64,7 @@ async def stored(backend: RedisBackend, sid: str) -> list[bytes]:
 
 
 async def test_frames_past_the_length_bound_are_trimmed_and_each_counted(server: Any) -> None:
-    metrics = Counted()
+    metrics = CountingMetrics()
     async with opened(server, metrics, inbox_maxlen=10) as backend:
         sid = await session(backend)
         for i in range(300):
@@ -95,14 +72,14 @@ async def test_frames_past_the_length_bound_are_trimmed_and_each_counted(server:
         kept = await backend.redis.xlen(backend.keys.session(sid).inbox)
         # Trimmed whole stream nodes at a time (MAXLEN ~), so somewhat more than 10 stay.
         assert 10 <= kept < 300
-        assert metrics.totals[TRIMMED] == 300 - kept
+        assert metrics.get(TRIMMED) == 300 - kept
         read = await backend.inboxes.read(sid, backend.sessions.epoch, 0, 1000)
         assert read.gap and read.head == 300
 
 
 async def test_frames_older_than_the_retention_go_at_the_next_append_and_each_is_counted(
         server: Any, clock: SimpleNamespace) -> None:
-    metrics = Counted()
+    metrics = CountingMetrics()
     async with opened(server, metrics, inbox_retention=60.0) as backend:
         sid = await session(backend)
         start = clock.value
@@ -111,23 +88,23 @@ async def test_frames_older_than_the_retention_go_at_the_next_append_and_each_is
         clock.value = start + 30
         for i in range(3):
             await backend.inboxes.append([(sid, Frame("u:x", b"later%d" % i))])
-        assert metrics.totals[TRIMMED] == 0
+        assert metrics.get(TRIMMED) == 0
         clock.value = start + 61  # the first five are past the retention now, the next three not yet
         await backend.inboxes.append([(sid, Frame("u:x", b"a"))])
         assert await stored(backend, sid) == [b"later0", b"later1", b"later2", b"a"]
-        assert metrics.totals[TRIMMED] == 5
+        assert metrics.get(TRIMMED) == 5
         clock.value = start + 91  # now the three are too, and the one appended at 61 is not
         await backend.inboxes.append([(sid, Frame("u:x", b"b"))])
         assert await stored(backend, sid) == [b"a", b"b"]
-        assert metrics.totals[TRIMMED] == 8
+        assert metrics.get(TRIMMED) == 8
         clock.value = start + 100  # nothing is past the retention: nothing goes
         await backend.inboxes.append([(sid, Frame("u:x", b"c"))])
         assert await stored(backend, sid) == [b"a", b"b", b"c"]
-        assert metrics.totals[TRIMMED] == 8
+        assert metrics.get(TRIMMED) == 8
 
 
 async def test_an_inbox_expires_with_its_session_and_a_touch_renews_both(server: Any) -> None:
-    async with opened(server, Counted(), session_ttl=600.0) as backend:
+    async with opened(server, CountingMetrics(), session_ttl=600.0) as backend:
         sid = await session(backend)
         keys = backend.keys.session(sid)
         await backend.inboxes.append([(sid, Frame("u:x", b"1"))])
@@ -146,7 +123,7 @@ async def test_an_inbox_expires_with_its_session_and_a_touch_renews_both(server:
 async def test_an_inbox_stored_without_t0_is_searched_and_its_aged_frames_go(
         server: Any, clock: SimpleNamespace) -> None:
     """Sessions whose hash has no ``t0`` (an inbox written before it existed) are trimmed by age too."""
-    metrics = Counted()
+    metrics = CountingMetrics()
     async with opened(server, metrics, inbox_retention=60.0) as backend:
         sid = await session(backend)
         start = clock.value
@@ -156,19 +133,19 @@ async def test_an_inbox_stored_without_t0_is_searched_and_its_aged_frames_go(
         clock.value = start + 61
         await backend.inboxes.append([(sid, Frame("u:x", b"new"))])
         assert await stored(backend, sid) == [b"new"]
-        assert metrics.totals[TRIMMED] == 3
+        assert metrics.get(TRIMMED) == 3
 
 
 async def test_an_append_that_trims_by_length_and_by_age_counts_every_frame_removed(
         server: Any, clock: SimpleNamespace) -> None:
-    metrics = Counted()
+    metrics = CountingMetrics()
     async with opened(server, metrics, inbox_maxlen=10, inbox_retention=60.0) as backend:
         sid = await session(backend)
         start = clock.value
         for i in range(109):
             await backend.inboxes.append([(sid, Frame("u:x", b"%d" % i))])
-        assert metrics.totals[TRIMMED] == 0  # trimming by length waits for a stream node beyond the bound
+        assert metrics.get(TRIMMED) == 0  # trimming by length waits for a stream node beyond the bound
         clock.value = start + 61  # all 109 are past the retention, and the next append reaches 110
         await backend.inboxes.append([(sid, Frame("u:x", b"last"))])
         assert await stored(backend, sid) == [b"last"]
-        assert metrics.totals[TRIMMED] == 109
+        assert metrics.get(TRIMMED) == 109

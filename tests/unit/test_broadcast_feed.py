@@ -32,6 +32,8 @@ class GatedBroadcast:
         #: A removal waits for it (open unless a test holds one in flight).
         self.removal = asyncio.Event()
         self.removal.set()
+        #: Set once a removal has begun.
+        self.removing = asyncio.Event()
         self.fail: Exception | None = None
         self.subscribes = 0
         self.removes = 0
@@ -48,6 +50,7 @@ class GatedBroadcast:
 
         async def remove() -> None:
             self.removes += 1
+            self.removing.set()
             await self.removal.wait()
 
         return remove
@@ -149,9 +152,7 @@ async def test_a_listen_during_a_give_up_waits_for_a_subscription_of_its_own() -
     broadcast.removal.clear()  # the unsubscribe is slow: still in flight when the next listen comes
     giving_up = tick_past_idle(feed)
     assert giving_up is not None
-    async with asyncio.timeout(5):
-        while broadcast.removes == 0:
-            await asyncio.sleep(0)
+    await asyncio.wait_for(broadcast.removing.wait(), 5)
     await feed.ready()  # not the subscription being given up
     assert broadcast.subscribes == 2 and feed.subscribed
     broadcast.removal.set()
