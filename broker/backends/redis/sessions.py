@@ -37,6 +37,8 @@ __all__ = ["Lifetimes", "RedisSessions"]
 
 #: Members of a tenant at its session quota looked up per refused ``initialize``, for dead ones.
 ADMIT_PRUNE = 200
+#: Sessions one touch script call carries on a single node.
+TOUCH_SESSIONS_PER_CALL = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,7 @@ class RedisSessions:
                 batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox],
                            [*self._touch_args(now), touch_as])
                 raw, touched = await batch.execute()
-                await self._register_touched([session_id], [touched], now)
+                await self._register_touched([session_id], touched, now)
         return decode_session(session_id, cast("dict[bytes, bytes]", raw))
 
     def _touch_args(self, now: float) -> list[int | str]:
@@ -176,16 +178,23 @@ class RedisSessions:
             await self.scripts.session_update(keys=[self.keys.session(session_id).meta], args=pairs)
 
     async def touch(self, session_ids: Sequence[str]) -> None:
+        """One script call per ``TOUCH_SESSIONS_PER_CALL`` sessions on a single node (a call costs
+        the client ~40 µs to pack and parse, whatever it carries); in Redis Cluster one per session."""
         if not session_ids:
             return
         now = time.time()
         args = self._touch_args(now)
+        per_call = 1 if self._watchers.cluster else TOUCH_SESSIONS_PER_CALL
         with unavailable("sessions.touch"):
             batch = Batch(self.client)
-            for sid in session_ids:
-                keys = self.keys.session(sid)
-                batch.call(self.scripts.session_touch, [keys.meta, keys.subs, keys.inbox], args)
-            await self._register_touched(session_ids, await batch.execute(), now)
+            for start in range(0, len(session_ids), per_call):
+                keys: list[str] = []
+                for sid in session_ids[start:start + per_call]:
+                    session = self.keys.session(sid)
+                    keys += (session.meta, session.subs, session.inbox)
+                batch.call(self.scripts.session_touch, keys, args)
+            touched = [result for results in await batch.execute() for result in results]
+            await self._register_touched(session_ids, touched, now)
 
     async def delete(self, session_id: str) -> bool:
         keys = self.keys.session(session_id)
