@@ -28,29 +28,29 @@ for s = 1, #KEYS / 3 do
   local k = 3 * s
   local r = 4 * s
   local n = tonumber(ARGV[at])
-  local ttl = redis.call('PTTL', KEYS[k - 2])
   local trimmed = 0
-  if ttl < 0 then
+  -- The first marked frame's field is read with head and node, in one call: fan-out sends
+  -- one partition per session, so that is usually the only read. A live session's hash
+  -- always holds its epoch; a gone one's has none (its hash expired or was deleted).
+  local first_field = nil
+  for i = 1, n do
+    local mark = ARGV[at + 2 * i - 1]
+    if mark ~= '' then
+      first_field = 'c' .. string.sub(mark, 41)
+      break
+    end
+  end
+  -- 't0' is at most the time of the inbox's oldest entry (up to the clock skew between
+  -- workers): it is set when an append finds the inbox empty and when the inbox is searched
+  -- for entries past the cutoff. Only when it is missing or past the cutoff is the inbox
+  -- searched (an XRANGE per append otherwise).
+  local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch')
+  if not got[5] then
     results[r - 3] = -1
     results[r - 2] = ''
     results[r - 1] = {}
     results[r] = 0
   else
-    -- The first marked frame's field is read with head and node, in one call: fan-out sends
-    -- one partition per session, so that is usually the only read.
-    local first_field = nil
-    for i = 1, n do
-      local mark = ARGV[at + 2 * i - 1]
-      if mark ~= '' then
-        first_field = 'c' .. string.sub(mark, 41)
-        break
-      end
-    end
-    -- 't0' is at most the time of the inbox's oldest entry (up to the clock skew between
-    -- workers): it is set when an append finds the inbox empty and when the inbox is searched
-    -- for entries past the cutoff. Only when it is missing or past the cutoff is the inbox
-    -- searched (an XRANGE per append otherwise).
-    local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0')
     local head = tonumber(got[1]) or 0
     local node = got[2] or ''
     local t0 = tonumber(got[4])
@@ -104,7 +104,8 @@ for s = 1, #KEYS / 3 do
       end
       if before_len == 0 then
         -- A new inbox takes the session's expiry; from then on the session's touch renews both.
-        redis.call('PEXPIRE', KEYS[k - 1], ttl)
+        local ttl = redis.call('PTTL', KEYS[k - 2])
+        if ttl > 0 then redis.call('PEXPIRE', KEYS[k - 1], ttl) end
         t0 = tonumber(ARGV[3])
         fields[#fields + 1] = 't0'
         fields[#fields + 1] = ARGV[3]
