@@ -35,7 +35,8 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from functools import partial
+from typing import Any
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import (
@@ -50,6 +51,7 @@ from broker.backends.redis.codec import (
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.keys import Keys
+from broker.backends.redis.resp import AppendPacker, bulk
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
@@ -77,21 +79,45 @@ class Appends:
     """The script calls of one ``RedisInboxes.appends``, and what their replies are read against."""
 
     scripts: Scripts
+    keys: Keys
     #: The sessions, in the order of the calls' replies.
     sids: list[str]
-    #: Per session, its frames' marks and packed frames, alternating (the script's arguments).
-    marked: dict[str, list[bytes | str]]
     #: Per session, its frames (those the script skipped are taken out once it has replied).
     frames: dict[str, list[Frame]]
-    #: The calls: keys and arguments.
-    calls: list[tuple[list[str], list[Any]]]
+    #: Per frame (by ``id``, fan-out shares one Frame among its subscribers): its change's mark,
+    #: the frame packed, and on a single node both as the RESP of two script arguments.
+    packed_frames: dict[int, tuple[str, bytes, bytes]]
+    #: The arguments every call begins with.
+    head: list[Any]
+    #: Per call, its sessions.
+    slices: list[list[str]]
+    #: On a single node, per call, the whole EVALSHA in RESP (``resp.AppendPacker``); None on Cluster.
+    commands: list[bytes] | None
+
+    def arguments(self, call: int) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of one call, as ``inbox_append.lua`` takes them."""
+        keys: list[str] = []
+        args: list[Any] = list(self.head)
+        for sid in self.slices[call]:
+            keys += self.keys.inbox_keys(sid)
+            frames = self.frames[sid]
+            args.append(len(frames))
+            for frame in frames:
+                mark, packed, _ = self.packed_frames[id(frame)]
+                args += (mark, packed)
+        return keys, args
 
     def add_to(self, batch: Batch) -> None:
-        for keys, args in self.calls:
-            batch.call(self.scripts.inbox_append, keys, args)
+        if self.commands is None:
+            for call in range(len(self.slices)):
+                batch.call(self.scripts.inbox_append, *self.arguments(call))
+            return
+        for call, command in enumerate(self.commands):
+            batch.call_packed(self.scripts.inbox_append, command, partial(self.arguments, call))
 
     def packed(self, sid: str) -> list[bytes]:
-        return cast("list[bytes]", self.marked[sid][1::2])
+        """The session's frames (those left), packed."""
+        return [self.packed_frames[id(frame)][1] for frame in self.frames[sid]]
 
 
 class RedisInboxes:
@@ -108,6 +134,7 @@ class RedisInboxes:
         self._bus = bus
         self._watchers = watchers
         self.cluster = cluster
+        self._packer = AppendPacker(keys, scripts.inbox_append.sha)
 
     async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         """Append and announce: one round trip for the appends, then, on a single node, one for the
@@ -131,21 +158,19 @@ class RedisInboxes:
 
         Per frame the script gets its change's mark and the packed frame.
         """
-        per_session: dict[str, list[bytes | str]] = {}
         frames: dict[str, list[Frame]] = {}
-        packed: dict[int, tuple[str, bytes]] = {}  # fan-out shares one Frame among its subscribers: pack it once
+        packed: dict[int, tuple[str, bytes, bytes]] = {}
+        resp = not self.cluster
         for sid, frame in batch:
-            pair = packed.get(id(frame))
-            if pair is None:
-                pair = packed[id(frame)] = (encode_mark(frame.change), encode_frame(frame))
-            marked = per_session.get(sid)
-            if marked is None:  # most sessions have one frame per batch: no setdefault's empty list
-                per_session[sid] = [*pair]
+            if id(frame) not in packed:
+                mark, data = encode_mark(frame.change), encode_frame(frame)
+                packed[id(frame)] = (mark, data, bulk(mark.encode()) + bulk(data) if resp else b"")
+            listed = frames.get(sid)
+            if listed is None:  # most sessions have one frame per batch: no setdefault's empty list
                 frames[sid] = [frame]
             else:
-                marked += pair
-                frames[sid].append(frame)
-        if not per_session:
+                listed.append(frame)
+        if not frames:
             return None
         now_ms = int(time.time() * 1000)
         cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
@@ -156,18 +181,13 @@ class RedisInboxes:
         per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
         publish = self._bus.publish_command if self.cluster else ""
         head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, self._frame_max]
-        sids = list(per_session)
-        calls: list[tuple[list[str], list[Any]]] = []
-        for start in range(0, len(sids), per_call):
-            keys: list[str] = []
-            args: list[Any] = list(head)
-            for sid in sids[start : start + per_call]:
-                keys += self.keys.inbox_keys(sid)
-                marked = per_session[sid]
-                args.append(len(marked) // 2)
-                args += marked
-            calls.append((keys, args))
-        return Appends(self.scripts, sids, per_session, frames, calls)
+        sids = list(frames)
+        slices = [sids[start : start + per_call] for start in range(0, len(sids), per_call)]
+        commands = None
+        if resp:
+            head_resp = b"".join(bulk(str(value).encode()) for value in head)
+            commands = [self._packer.command(head_resp, len(head), part, frames, packed) for part in slices]
+        return Appends(self.scripts, self.keys, sids, frames, packed, head, slices, commands)
 
     @property
     def _frame_max(self) -> int:
@@ -242,10 +262,7 @@ class RedisInboxes:
             if node == mine:
                 local.append((sid, first))
                 continue
-            packed = appends.packed(sid)
-            if left_out:
-                packed = [data for i, data in enumerate(packed) if i not in left_out]
-            joined = b"".join(packed)
+            joined = b"".join(appends.packed(sid))
             entry: NodeWake = (sid, head, None) if len(joined) > frame_max else (sid, first, joined)
             by_node.setdefault(node, []).append(entry)
         return by_node, local, local_reads
