@@ -100,10 +100,11 @@ def encode_frame(frame: Frame) -> bytes:
     return packed
 
 
-def encode_mark(change_id: str) -> str:
-    """What ``inbox_append.lua`` compares a frame's change by: its position, then its partition ('' for none)."""
+def encode_mark(change_id: str) -> tuple[str, str]:
+    """What ``inbox_append.lua`` compares a frame's change by: the hash field of its partition
+    (``c<partition>``) and its position; both '' for none."""
     position = change_position(change_id) if change_id else None
-    return "" if position is None else position[1] + position[0]
+    return ("", "") if position is None else ("c" + position[0], position[1])
 
 
 def _frames(packed: bytes) -> Iterator[Frame]:

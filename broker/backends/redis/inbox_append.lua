@@ -1,8 +1,9 @@
 -- KEYS: meta, inbox, wake channel of session 1, then of session 2, ... (three per session).
 -- ARGV: publish command (SPUBLISH or PUBLISH) or '' (the caller publishes), maxlen, now_ms,
---       cutoff_ms, the most frame bytes a wake-up carries, then for each session its frame count followed by, per frame, its change
---       mark and its packed frame. A mark is '' (no change behind the frame) or the change's
---       position (40 digits: stream id ms and seq, each zero-padded to 20) and its partition.
+--       cutoff_ms, the most frame bytes a wake-up carries, then for each session its frame
+--       count followed by, per frame, its change's field and position and the packed frame. The
+--       field is 'c<partition>' and the position 40 digits (stream id ms and seq, each
+--       zero-padded to 20); both are '' for a frame no change is behind.
 -- Per session, atomically: a frame whose change is not newer than the newest change of its
 -- partition that an earlier call appended to the session (hash field 'c<partition>') is
 -- skipped: a redone batch repeats the same changes in the same order, so it is a repeat.
@@ -12,48 +13,115 @@
 -- cutoff are trimmed (a bounded amount per call), and, with a publish command, one wake-up
 -- 'F<first offset>:<packed frames>' goes to the session's channel, or 'F<head>:' without the
 -- frames when they are larger than the bound (the stream reads its inbox instead: a large
--- change watched by many streams of one worker must not fill its pub/sub output buffer). Nothing is written for a
--- session that is gone. Returns, per session, its new head (-1 when gone), the worker node
--- that watches it ('' when none), the (1-based) numbers of the frames it skipped and the
--- entries this call trimmed from its inbox (by length or age, for the metrics): without
+-- change watched by many streams of one worker must not fill its pub/sub output buffer).
+-- Nothing is written for a session that is gone (its hash, which holds its epoch from
+-- creation on, is). Returns, per session, its new head (-1 when gone), the worker node that
+-- watches it ('' when none), the (1-based) numbers of the frames it skipped (0 when none) and
+-- the entries this call trimmed from its inbox (by length or age, for the metrics): without
 -- a publish command, the caller sends the wake-ups of a whole batch to each node in one
 -- message, after this script.
 -- In Redis Cluster a call holds one session (its keys share a hash tag) and publishes itself;
--- on a single node fan-out sends many sessions per call.
+-- on a single node fan-out sends many sessions per call. A session with one frame, as most
+-- are in a fan-out batch, takes a path of its own with no tables to weigh several.
 local results = {}
 local at = 6
-local wake_max = tonumber(ARGV[5])
+local publish = ARGV[1]
+local maxlen = tonumber(ARGV[2])
+local now = ARGV[3]
 local cutoff = tonumber(ARGV[4])
-for s = 1, #KEYS / 3 do
-  local k = 3 * s
-  local r = 4 * s
-  local n = tonumber(ARGV[at])
+local wake_max = tonumber(ARGV[5])
+
+-- Appends the frames `kept` after `head` to the inbox of the session whose keys end at KEYS[k],
+-- trims it by length and by age, adds the hash fields to set to `fields` and, with a publish
+-- command, publishes the wake-up. Returns the new head and the entries trimmed.
+local function append(k, head, kept, fields, t0)
+  local before_len = redis.call('XLEN', KEYS[k - 1])
+  local first = head + 1
+  head = head + #kept
+  fields[#fields + 1] = 'head'
+  fields[#fields + 1] = head
+  for i = 1, #kept do
+    redis.call('XADD', KEYS[k - 1], (first + i - 1) .. '-0', 't', now, 'f', kept[i])
+  end
   local trimmed = 0
-  -- The first marked frame's field is read with head and node, in one call: fan-out sends
-  -- one partition per session, so that is usually the only read. A live session's hash
-  -- always holds its epoch; a gone one's has none (its hash expired or was deleted).
-  local first_field = nil
-  for i = 1, n do
-    local mark = ARGV[at + 2 * i - 1]
-    if mark ~= '' then
-      first_field = 'c' .. string.sub(mark, 41)
-      break
-    end
+  if before_len == 0 then
+    -- A new inbox takes the session's expiry; from then on the session's touch renews both.
+    local ttl = redis.call('PTTL', KEYS[k - 2])
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[k - 1], ttl) end
+    t0 = tonumber(now)
+    fields[#fields + 1] = 't0'
+    fields[#fields + 1] = now
+  end
+  -- Whole stream nodes go (MAXLEN ~), so a full inbox keeps up to a node (100 entries by
+  -- default) beyond the bound: trimming is tried once that much has gathered, not at every
+  -- append. Reads hold to the bound itself (``inbox_gap``).
+  if before_len + #kept >= maxlen + 100 then
+    trimmed = redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', '~', ARGV[2])
   end
   -- 't0' is at most the time of the inbox's oldest entry (up to the clock skew between
   -- workers): it is set when an append finds the inbox empty and when the inbox is searched
   -- for entries past the cutoff. Only when it is missing or past the cutoff is the inbox
   -- searched (an XRANGE per append otherwise).
+  if not t0 or t0 < cutoff then
+    local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
+    local keep = nil
+    for _, entry in ipairs(entries) do
+      if tonumber(entry[2][2]) >= cutoff then keep = entry break end
+    end
+    if keep then
+      if keep ~= entries[1] then trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', keep[1]) end
+      t0 = keep[2][2]
+    elseif #entries < 256 then
+      trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
+      t0 = now
+    else
+      trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
+      t0 = entries[#entries][2][2]
+    end
+    fields[#fields + 1] = 't0'
+    fields[#fields + 1] = t0
+  end
+  if publish ~= '' then
+    local packed = table.concat(kept)
+    if #packed > wake_max then
+      redis.call(publish, KEYS[k], 'F' .. head .. ':')
+    else
+      redis.call(publish, KEYS[k], 'F' .. first .. ':' .. packed)
+    end
+  end
+  return head, trimmed
+end
+
+for s = 1, #KEYS / 3 do
+  local k = 3 * s
+  local r = 4 * s
+  local n = tonumber(ARGV[at])
+  -- The first marked frame's field is read with head and node, in one call: fan-out sends
+  -- one partition per session, so that is usually the only read.
+  local first_field = nil
+  for i = 1, n do
+    local field = ARGV[at + 3 * i - 2]
+    if field ~= '' then
+      first_field = field
+      break
+    end
+  end
   local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch')
+  local head = tonumber(got[1]) or 0
+  local skipped = 0
+  local trimmed = 0
   if not got[5] then
-    results[r - 3] = -1
-    results[r - 2] = ''
-    results[r - 1] = {}
-    results[r] = 0
+    head = -1
+  elseif n == 1 then
+    local position = ARGV[at + 2]
+    if first_field and position <= (got[3] or '') then
+      skipped = {1}
+    else
+      local fields = first_field and {first_field, position} or {}
+      head, trimmed = append(k, head, {ARGV[at + 3]}, fields, tonumber(got[4]))
+      redis.call('HSET', KEYS[k - 2], unpack(fields))
+    end
   else
-    local head = tonumber(got[1]) or 0
-    local node = got[2] or ''
-    local t0 = tonumber(got[4])
     local before = {} -- field -> position stored before this call
     local newest = {} -- field -> newest position of this call
     if first_field then
@@ -61,13 +129,11 @@ for s = 1, #KEYS / 3 do
       newest[first_field] = before[first_field]
     end
     local kept = {}
-    local skipped = {}
     for i = 1, n do
-      local mark = ARGV[at + 2 * i - 1]
+      local field = ARGV[at + 3 * i - 2]
       local keep = true
-      if mark ~= '' then
-        local field = 'c' .. string.sub(mark, 41)
-        local position = string.sub(mark, 1, 40)
+      if field ~= '' then
+        local position = ARGV[at + 3 * i - 1]
         local stored = before[field]
         if stored == nil then
           stored = redis.call('HGET', KEYS[k - 2], field) or ''
@@ -81,7 +147,9 @@ for s = 1, #KEYS / 3 do
         end
       end
       if keep then
-        kept[#kept + 1] = ARGV[at + 2 * i]
+        kept[#kept + 1] = ARGV[at + 3 * i]
+      elseif skipped == 0 then
+        skipped = {i}
       else
         skipped[#skipped + 1] = i
       end
@@ -94,64 +162,16 @@ for s = 1, #KEYS / 3 do
       end
     end
     if #kept > 0 then
-      local before_len = redis.call('XLEN', KEYS[k - 1])
-      local first = head + 1
-      head = head + #kept
-      fields[#fields + 1] = 'head'
-      fields[#fields + 1] = head
-      for i = 1, #kept do
-        redis.call('XADD', KEYS[k - 1], (first + i - 1) .. '-0', 't', ARGV[3], 'f', kept[i])
-      end
-      if before_len == 0 then
-        -- A new inbox takes the session's expiry; from then on the session's touch renews both.
-        local ttl = redis.call('PTTL', KEYS[k - 2])
-        if ttl > 0 then redis.call('PEXPIRE', KEYS[k - 1], ttl) end
-        t0 = tonumber(ARGV[3])
-        fields[#fields + 1] = 't0'
-        fields[#fields + 1] = ARGV[3]
-      end
-      -- Whole stream nodes go (MAXLEN ~), so a full inbox keeps up to a node (100 entries by
-      -- default) beyond the bound: trimming is tried once that much has gathered, not at every
-      -- append. Reads hold to the bound itself (``inbox_gap``).
-      if before_len + #kept >= tonumber(ARGV[2]) + 100 then
-        trimmed = redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', '~', ARGV[2])
-      end
-      if not t0 or t0 < cutoff then
-        local entries = redis.call('XRANGE', KEYS[k - 1], '-', '+', 'COUNT', 256)
-        local keep = nil
-        for _, entry in ipairs(entries) do
-          if tonumber(entry[2][2]) >= cutoff then keep = entry break end
-        end
-        if keep then
-          if keep ~= entries[1] then trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', keep[1]) end
-          t0 = keep[2][2]
-        elseif #entries < 256 then
-          trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MAXLEN', 0)
-          t0 = ARGV[3]
-        else
-          trimmed = trimmed + redis.call('XTRIM', KEYS[k - 1], 'MINID', entries[#entries][1])
-          t0 = entries[#entries][2][2]
-        end
-        fields[#fields + 1] = 't0'
-        fields[#fields + 1] = t0
-      end
-      if ARGV[1] ~= '' then
-        local packed = table.concat(kept)
-        if #packed > wake_max then
-          redis.call(ARGV[1], KEYS[k], 'F' .. head .. ':')
-        else
-          redis.call(ARGV[1], KEYS[k], 'F' .. first .. ':' .. packed)
-        end
-      end
+      head, trimmed = append(k, head, kept, fields, tonumber(got[4]))
     end
     if #fields > 0 then
       redis.call('HSET', KEYS[k - 2], unpack(fields))
     end
-    results[r - 3] = head
-    results[r - 2] = node
-    results[r - 1] = skipped
-    results[r] = trimmed
   end
-  at = at + 2 * n + 1
+  results[r - 3] = head
+  results[r - 2] = got[5] and got[2] or ''
+  results[r - 1] = skipped
+  results[r] = trimmed
+  at = at + 3 * n + 1
 end
 return results

@@ -84,9 +84,9 @@ class Appends:
     sids: list[str]
     #: Per session, its frames (those the script skipped are taken out once it has replied).
     frames: dict[str, list[Frame]]
-    #: Per frame (by ``id``, fan-out shares one Frame among its subscribers): its change's mark,
-    #: the frame packed, and on a single node both as the RESP of two script arguments.
-    packed_frames: dict[int, tuple[str, bytes, bytes]]
+    #: Per frame (by ``id``, fan-out shares one Frame among its subscribers): its change's field
+    #: and position, the frame packed, and on a single node the three as RESP script arguments.
+    packed_frames: dict[int, tuple[str, str, bytes, bytes]]
     #: The arguments every call begins with.
     head: list[Any]
     #: Per call, its sessions.
@@ -103,8 +103,8 @@ class Appends:
             frames = self.frames[sid]
             args.append(len(frames))
             for frame in frames:
-                mark, packed, _ = self.packed_frames[id(frame)]
-                args += (mark, packed)
+                field, position, packed, _ = self.packed_frames[id(frame)]
+                args += (field, position, packed)
         return keys, args
 
     def add_to(self, batch: Batch) -> None:
@@ -117,7 +117,7 @@ class Appends:
 
     def packed(self, sid: str) -> list[bytes]:
         """The session's frames (those left), packed."""
-        return [self.packed_frames[id(frame)][1] for frame in self.frames[sid]]
+        return [self.packed_frames[id(frame)][2] for frame in self.frames[sid]]
 
 
 class RedisInboxes:
@@ -156,15 +156,16 @@ class RedisInboxes:
     def appends(self, batch: Sequence[tuple[str, Frame]]) -> Appends | None:
         """The script calls that append ``batch`` (see ``inbox_append.lua``); None when it is empty.
 
-        Per frame the script gets its change's mark and the packed frame.
+        Per frame the script gets its change's field and position and the packed frame.
         """
         frames: dict[str, list[Frame]] = {}
-        packed: dict[int, tuple[str, bytes, bytes]] = {}
+        packed: dict[int, tuple[str, str, bytes, bytes]] = {}
         resp = not self.cluster
         for sid, frame in batch:
             if id(frame) not in packed:
-                mark, data = encode_mark(frame.change), encode_frame(frame)
-                packed[id(frame)] = (mark, data, bulk(mark.encode()) + bulk(data) if resp else b"")
+                (field, position), data = encode_mark(frame.change), encode_frame(frame)
+                packed[id(frame)] = (field, position, data,
+                                     bulk(field.encode()) + bulk(position.encode()) + bulk(data) if resp else b"")
             listed = frames.get(sid)
             if listed is None:  # most sessions have one frame per batch: no setdefault's empty list
                 frames[sid] = [frame]
@@ -219,7 +220,7 @@ class RedisInboxes:
         return [sid for sid, h in zip(appends.sids, heads, strict=True) if h < 0], wakes
 
     def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[bytes | str],
-                      skipped: list[list[int]]
+                      skipped: list[list[int] | int]
                       ) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]], list[tuple[str, int]]]:
         """The wake-ups of a whole batch: per other worker's node, its entries to publish after the
         appends; the sessions whose stream is on this process, each with its first new offset;
@@ -246,7 +247,7 @@ class RedisInboxes:
                 continue
             node = mine if raw_node in mine_raw else as_text(raw_node)
             frames = appends.frames[sid]
-            left_out = {int(i) - 1 for i in skips} if skips else None
+            left_out = {int(i) - 1 for i in skips} if isinstance(skips, list) and skips else None
             if left_out:
                 frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
             if not frames:

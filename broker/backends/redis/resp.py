@@ -1,8 +1,8 @@
 """Fan-out's inbox appends as RESP, packed by hand (``RedisInboxes.appends`` on a single node).
 
 hiredis formats every argument's length with ``sprintf`` and copies every argument into a
-command of its own; an append carries six per session. Here a session's three keys are packed
-once and kept, and every frame's two arguments are packed once for all its subscribers
+command of its own; an append carries seven per session of one frame. Here a session's three keys are packed
+once and kept, and every frame's three arguments are packed once for all its subscribers
 (``bulk``), so a call is a join of ready parts. ``bench.instructions`` (batched, the worker's
 side of a Redis frame): 120,665 instructions with hiredis packing, 112,181 this way.
 """
@@ -58,10 +58,10 @@ class AppendPacker:
         return packed
 
     def command(self, head: bytes, head_args: int, sids: Sequence[str], frames: Mapping[str, Sequence[Frame]],
-                packed: Mapping[int, tuple[str, bytes, bytes]]) -> bytes:
+                packed: Mapping[int, tuple[str, str, bytes, bytes]]) -> bytes:
         """The call for ``sids``: ``head``, the packed ``head_args`` arguments every call begins
-        with, then per session its frame count and per frame the RESP of its two arguments (the
-        third of the frame's ``packed`` entry, found by ``id``)."""
+        with, then per session its frame count and per frame the RESP of its three arguments (the
+        last of the frame's ``packed`` entry, found by ``id``)."""
         known = self._known
         parts = [b""]
         parts += [known.get(sid) or self._session_keys(sid) for sid in sids]
@@ -72,10 +72,10 @@ class AppendPacker:
             count = len(listed)
             parts.append(_COUNTS[count] if count < len(_COUNTS) else bulk(b"%d" % count))
             if count == 1:
-                parts.append(packed[id(listed[0])][2])
+                parts.append(packed[id(listed[0])][3])
             else:
-                parts.extend(packed[id(frame)][2] for frame in listed)
-            args += 1 + 2 * count
+                parts.extend(packed[id(frame)][3] for frame in listed)
+            args += 1 + 3 * count
         keys = 3 * len(sids)
         parts[0] = b"*%d\r\n$7\r\nEVALSHA\r\n%b%b" % (3 + keys + args, self._sha, bulk(b"%d" % keys))
         return b"".join(parts)
