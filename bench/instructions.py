@@ -26,8 +26,10 @@ open GET stream, 10 on each URI:
 Each runs twice under callgrind, with no change and with its changes, and the difference of
 the two totals, divided by the frames delivered, is the cost of one frame: its share of a
 publish request (a tenth in ``one``, a 500th in ``batched``), its share of fan-out and one SSE
-event. The hash seed is fixed; what is left to vary is a few thousand instructions of timer
-wake-ups per run.
+event. The hash seed is fixed, and the garbage collector is tuned as a worker tunes it once
+started (``broker.server.tune_collector``): with CPython's own thresholds, whether a full
+collection fell into a run moved the Redis figure by a few thousand instructions per frame.
+What is left to vary is a few thousand instructions of timer wake-ups per run.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     from broker.app import create_app
     from broker.config import Settings
     from broker.runtime import Broker
+    from broker.server import tune_collector
 
     redis: dict[str, Any] = {}
     if os.environ.get("BENCH_REDIS_URL"):
@@ -99,6 +102,7 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
                              **redis))
     app = create_app(broker=broker)
     await broker.start()
+    tune_collector(broker.settings.gc_thresholds)  # as a worker does once started (broker/server.py)
     version = [(b"mcp-protocol-version", b"2025-11-25")]
     sids = []
     for i in range(sessions):

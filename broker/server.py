@@ -38,19 +38,27 @@ from uvicorn.supervisors import multiprocess
 
 from broker.runtime import RUNNING
 
-__all__ = ["BrokerServer", "run_workers"]
+__all__ = ["BrokerServer", "run_workers", "tune_collector"]
 
 logger = logging.getLogger(__name__)
+
+
+def tune_collector(thresholds: tuple[int, ...]) -> None:
+    """What a worker does to the cyclic garbage collector once its app has started (see above):
+    what is alive is frozen out of later collections, and ``thresholds`` (``MCP_BROKER_GC_THRESHOLDS``;
+    empty: CPython's own) apply from then on."""
+    if thresholds:
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*thresholds)
 
 
 class BrokerServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         thresholds = [b.settings.gc_thresholds for b in RUNNING]
-        if thresholds and thresholds[0]:
-            gc.collect()
-            gc.freeze()
-            gc.set_threshold(*thresholds[0])
+        if thresholds:
+            tune_collector(thresholds[0])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         brokers = list(RUNNING)
