@@ -27,9 +27,12 @@ Each runs twice under callgrind, with no change and with its changes, and the di
 the two totals, divided by the frames delivered, is the cost of one frame: its share of a
 publish request (a tenth in ``one``, a 500th in ``batched``), its share of fan-out and one SSE
 event. The hash seed is fixed, and the garbage collector is tuned as a worker tunes it once
-started (``broker.server.tune_collector``): with CPython's own thresholds, whether a full
-collection fell into a run moved the Redis figure by a few thousand instructions per frame.
-What is left to vary is a few thousand instructions of timer wake-ups per run.
+started (``broker.server.tune_collector``): with CPython's own thresholds, full collections
+that a worker does not run fell into the runs as they pleased. What is left to vary is the
+worker's timers (on Redis the fan-out's lag report every 2 s and its lease heartbeat), which run
+by wall time: a run that takes longer under valgrind, on a slower hour, counts more of them
+(bench/NOTES.md: the likely cause of a batched Redis count 21,000 instructions per frame above
+that of the tree before it).
 """
 
 from __future__ import annotations
