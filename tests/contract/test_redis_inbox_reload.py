@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
 
 import pytest
 
@@ -31,7 +30,6 @@ async def test_appends_reach_a_server_that_forgot_the_script() -> None:
             frames = [(record.id, Frame("u:x:a", b"a", "0:1700000000000-1")), (record.id, Frame("u:x:b", b"b"))]
             assert await backend.deliver(frames, [], []) == []
             read = await backend.inboxes.read(record.id, backend.sessions.epoch, 0, 10)
-            data: list[Any] = [frame.data for _, frame in read.frames]
-            assert (read.head, data) == (2, [b"a", b"b"])
+            assert (read.head, [frame.data for _, frame in read.frames]) == (2, [b"a", b"b"])
         finally:
             await backend.close()
