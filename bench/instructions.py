@@ -28,11 +28,11 @@ the two totals, divided by the frames delivered, is the cost of one frame: its s
 publish request (a tenth in ``one``, a 500th in ``batched``), its share of fan-out and one SSE
 event. The hash seed is fixed, and the garbage collector is tuned as a worker tunes it once
 started (``broker.server.tune_collector``): with CPython's own thresholds, full collections
-that a worker does not run fell into the runs as they pleased. What is left to vary is the
-worker's timers (on Redis the fan-out's lag report every 2 s and its lease heartbeat), which run
-by wall time: a run that takes longer under valgrind, on a slower hour, counts more of them
-(bench/NOTES.md: the likely cause of a batched Redis count 21,000 instructions per frame above
-that of the tree before it).
+that a worker does not run fell into the runs as they pleased. The worker's rounds that run by
+wall time (on Redis its lease heartbeat, its look at the partition layouts, its lag report,
+an idle read's return) are pushed past the length of a run (``_wall_timers_off``): they cost
+per second, not per frame, and a run that takes longer under valgrind, on a slower hour,
+counted more of them.
 """
 
 from __future__ import annotations
@@ -83,6 +83,25 @@ async def _call(app: Any, method: str, path: str, body: bytes, headers: list[tup
     return sent
 
 
+def _wall_timers_off() -> None:
+    """Push the worker's wall-clock rounds on Redis past the length of a run.
+
+    A worker spends on them per second, not per frame: the lease heartbeat and the hold of its
+    share (every third and sixth of ``fanout_claim_idle_ms``, set to an hour), the look at the
+    partition layouts (``LOOK_INTERVAL``), the lag report (``REPORT_INTERVAL``) and an idle
+    read's return (``READ_BLOCK_MS``; at most ``redis_socket_timeout``, set to ten minutes).
+    Under valgrind a run lasts minutes, longer on a slower hour, and every round that fell into
+    it was counted as if the frames had cost it: one tree read 121,107 to 135,961 instructions
+    a frame before they were taken out of the count.
+    """
+    import broker.backends.redis.changelog
+    import broker.fanout
+
+    broker.backends.redis.changelog.LOOK_INTERVAL = 3600.0
+    broker.fanout.REPORT_INTERVAL = 3600.0
+    broker.fanout.READ_BLOCK_MS = 3_600_000
+
+
 async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     """Run the workload in this process (on Redis when ``BENCH_REDIS_URL`` is set); the frames delivered.
 
@@ -99,10 +118,12 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     if os.environ.get("BENCH_REDIS_URL"):
         # At valgrind's speed (50-100 times slower) a default timeout can fire where it never
         # would natively; no health-check PING every 15 s of wall time either (it would count).
-        redis = {"redis_url": os.environ["BENCH_REDIS_URL"], "redis_socket_timeout": 60.0,
-                 "redis_connect_timeout": 60.0, "redis_health_check_interval": 0}
+        redis = {"redis_url": os.environ["BENCH_REDIS_URL"], "redis_socket_timeout": 600.0,
+                 "redis_connect_timeout": 60.0, "redis_health_check_interval": 0,
+                 "fanout_claim_idle_ms": 3_600_000}
+        _wall_timers_off()
     broker = Broker(Settings(_env_file=None, keepalive_interval=3600, outage_check_interval=3600,  # type: ignore[call-arg]
-                             **redis))
+                             credential_check_seconds=300, **redis))
     app = create_app(broker=broker)
     await broker.start()
     tune_collector(broker.settings.gc_thresholds)  # as a worker does once started (broker/server.py)

@@ -53,6 +53,8 @@ POISON_SECONDS = 30.0
 RELEASE_TIMEOUT = 1.0
 #: Seconds between two reports of the change-log lag and the leases held (one backend call each).
 REPORT_INTERVAL = 2.0
+#: Milliseconds an idle fan-out read waits for a change before it reads again.
+READ_BLOCK_MS = 1000
 
 def plan(batch: Sequence[tuple[str, Change]]) -> tuple[dict[str, dict[str, tuple[str, Change]]], dict[str, str]]:
     """Per tenant, the URIs to notify, each with the newest change behind it (and its id), and
@@ -251,7 +253,7 @@ class Fanout:
             try:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
-                batch = await self.changelog.read(self.name, settings.fanout_batch, 1000)
+                batch = await self.changelog.read(self.name, settings.fanout_batch, READ_BLOCK_MS)
                 await self._process_to_the_end(batch)
                 if outage is not None:
                     logger.info("fan-out resumed: the backend answers again, %.1fs after fan-out first found it "
