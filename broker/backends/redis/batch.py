@@ -21,7 +21,11 @@ from redis.exceptions import NoScriptError, ResponseError
 from broker.backends.redis.connection import Client
 from broker.backends.redis.pool import QuickPool
 
-__all__ = ["Batch"]
+__all__ = ["PREPACKED", "Batch"]
+
+#: The name a pre-packed command stands under in a batch's pipeline (``Batch.call_packed``):
+#: no reply callback has it, so its reply comes back as the server sent it.
+PREPACKED = "(packed EVALSHA)"
 
 #: At most this many calls of one Cluster batch are in flight at once. redis-py refuses a
 #: call at once (MaxConnectionsError, not retried) when a node's pool is exhausted, so a
@@ -62,14 +66,22 @@ class Batch:
         self._server: Redis | None = None if isinstance(client, RedisCluster) else client
         #: A pipeline, or on Cluster its stand-in: commands are added as ``pipe.<command>(...)``.
         self.pipe: Any = _Calls(client) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
-        self._scripts: dict[int, tuple[AsyncScript, Sequence[str], Sequence[Any]]] = {}
+        self._scripts: dict[int, tuple[AsyncScript, Callable[[], tuple[Sequence[str], Sequence[Any]]]]] = {}
 
     def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
         if self._cluster:
             self.pipe.calls.append(lambda: script(keys=keys, args=args))
             return
-        self._scripts[len(self.pipe)] = (script, keys, args)
+        self._scripts[len(self.pipe)] = (script, lambda: (keys, args))
         self.pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+    def call_packed(self, script: AsyncScript, command: bytes,
+                    arguments: Callable[[], tuple[Sequence[str], Sequence[Any]]]) -> None:
+        """A single server's EVALSHA of ``script`` already packed in RESP (``command``), sent as it is;
+        ``arguments`` gives its keys and arguments, should the server have to load the script."""
+        assert not self._cluster
+        self._scripts[len(self.pipe)] = (script, arguments)
+        self.pipe.execute_command(PREPACKED, command)
 
     def __len__(self) -> int:
         return len(self.pipe)
@@ -94,7 +106,8 @@ class Batch:
         results = await self._exchange_on_one_connection()
         for i, result in enumerate(results):
             if isinstance(result, NoScriptError) and i in self._scripts:
-                script, keys, args = self._scripts[i]
+                script, arguments = self._scripts[i]
+                keys, args = arguments()
                 try:
                     results[i] = result = await script(keys=keys, args=args)
                 except ResponseError as exc:  # the script's own error, once it is loaded
@@ -127,8 +140,21 @@ class Batch:
         pool = server.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
 
+        packed: list[bytes] = []
+        plain: list[Any] = []
+        for args, _ in stack:
+            if args[0] is PREPACKED:
+                if plain:
+                    packed += connection.pack_commands(plain)
+                    plain = []
+                packed.append(args[1])
+            else:
+                plain.append(args)
+        if plain:
+            packed += connection.pack_commands(plain)
+
         async def exchange() -> list[Any]:
-            await connection.send_packed_command(connection.pack_commands([args for args, _ in stack]))
+            await connection.send_packed_command(packed)
             parse = server.parse_response
             replies: list[Any] = []
             for args, options in stack:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from broker.backends.redis.batch import Batch
@@ -50,6 +51,7 @@ from broker.backends.redis.codec import (
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.keys import Keys
+from broker.backends.redis.resp import AppendPacker, bulk
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
@@ -82,13 +84,15 @@ class Appends:
     sids: list[str]
     #: Per session, its frames (those the script skipped are taken out once it has replied).
     frames: dict[str, list[Frame]]
-    #: Per frame (by ``id``, fan-out shares one Frame among its subscribers, and packs it once):
-    #: its change's field and position, and the frame packed.
-    packed_frames: dict[int, tuple[str, str, bytes]]
+    #: Per frame (by ``id``, fan-out shares one Frame among its subscribers): its change's field
+    #: and position, the frame packed, and on a single node the three as RESP script arguments.
+    packed_frames: dict[int, tuple[str, str, bytes, bytes]]
     #: The arguments every call begins with.
     head: list[Any]
     #: Per call, its sessions.
     slices: list[list[str]]
+    #: On a single node, per call, the whole EVALSHA in RESP (``resp.AppendPacker``); None on Cluster.
+    commands: list[bytes] | None
 
     def arguments(self, call: int) -> tuple[list[str], list[Any]]:
         """The keys and arguments of one call, as ``inbox_append.lua`` takes them."""
@@ -99,12 +103,17 @@ class Appends:
             frames = self.frames[sid]
             args.append(len(frames))
             for frame in frames:
-                args += self.packed_frames[id(frame)]
+                field, position, packed, _ = self.packed_frames[id(frame)]
+                args += (field, position, packed)
         return keys, args
 
     def add_to(self, batch: Batch) -> None:
-        for call in range(len(self.slices)):
-            batch.call(self.scripts.inbox_append, *self.arguments(call))
+        if self.commands is None:
+            for call in range(len(self.slices)):
+                batch.call(self.scripts.inbox_append, *self.arguments(call))
+            return
+        for call, command in enumerate(self.commands):
+            batch.call_packed(self.scripts.inbox_append, command, partial(self.arguments, call))
 
     def packed(self, sid: str) -> list[bytes]:
         """The session's frames (those left), packed."""
@@ -125,6 +134,7 @@ class RedisInboxes:
         self._bus = bus
         self._watchers = watchers
         self.cluster = cluster
+        self._packer = AppendPacker(keys, scripts.inbox_append.sha)
 
     async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
         """Append and announce: one round trip for the appends, then, on a single node, one for the
@@ -149,10 +159,13 @@ class RedisInboxes:
         Per frame the script gets its change's field and position and the packed frame.
         """
         frames: dict[str, list[Frame]] = {}
-        packed: dict[int, tuple[str, str, bytes]] = {}
+        packed: dict[int, tuple[str, str, bytes, bytes]] = {}
+        resp = not self.cluster
         for sid, frame in batch:
             if id(frame) not in packed:
-                packed[id(frame)] = (*encode_mark(frame.change), encode_frame(frame))
+                (field, position), data = encode_mark(frame.change), encode_frame(frame)
+                packed[id(frame)] = (field, position, data,
+                                     bulk(field.encode()) + bulk(position.encode()) + bulk(data) if resp else b"")
             listed = frames.get(sid)
             if listed is None:  # most sessions have one frame per batch: no setdefault's empty list
                 frames[sid] = [frame]
@@ -171,7 +184,11 @@ class RedisInboxes:
         head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, self._frame_max]
         sids = list(frames)
         slices = [sids[start : start + per_call] for start in range(0, len(sids), per_call)]
-        return Appends(self.scripts, self.keys, sids, frames, packed, head, slices)
+        commands = None
+        if resp:
+            head_resp = b"".join(bulk(str(value).encode()) for value in head)
+            commands = [self._packer.command(head_resp, len(head), part, frames, packed) for part in slices]
+        return Appends(self.scripts, self.keys, sids, frames, packed, head, slices, commands)
 
     @property
     def _frame_max(self) -> int:
