@@ -29,15 +29,15 @@ of one frame: its share of a publish request (a tenth in ``one``, a 500th in ``b
 share of fan-out and one SSE event. (A warm-up rather than no change at all: a run that stopped
 as soon as its streams had started counted what of the start was still under way, which moved
 a Redis run's total by up to 5% on a busy machine; a warmed-up run's total moved by 0.01%.)
-The workload runs on uvloop, the loop of a worker (on asyncio's own loop, which is Python, a
-turn of the loop counted several times more, and the turns a round trip takes depend on when
-its reply comes). The hash seed is fixed, and the garbage collector is tuned as a worker tunes it once
-started (``broker.server.tune_collector``): with CPython's own thresholds, full collections
-that a worker does not run fell into the runs as they pleased. The worker's rounds that run by
-wall time (on Redis its lease heartbeat, its look at the partition layouts, its lag report,
-an idle read's return) are pushed past the length of a run (``_wall_timers_off``): they cost
-per second, not per frame, and a run that takes longer under valgrind, on a slower hour,
-counted more of them.
+The workload runs on uvloop, the loop of a worker: on asyncio's own loop, which is Python, the
+turns a round trip takes depend on when its reply comes, and a Redis run with its changes moved
+by 0.2% between an idle CPU and a shared one (0.01% on uvloop). The hash seed is fixed, and the
+garbage collector is tuned as a worker tunes it once started (``broker.server.tune_collector``):
+with CPython's own thresholds, full collections that a worker does not run fell into the runs as
+they pleased. The worker's rounds that run by wall time (on Redis its lease heartbeat, its look
+at the partition layouts, its lag report, an idle read's return) are pushed past the length of
+a run (``_wall_timers_off``): they cost per second, not per frame, and a run that takes longer
+under valgrind, on a slower hour, would count more of them.
 """
 
 from __future__ import annotations
@@ -96,8 +96,7 @@ def _wall_timers_off() -> None:
     partition layouts (``LOOK_INTERVAL``), the lag report (``REPORT_INTERVAL``) and an idle
     read's return (``READ_BLOCK_MS``; at most ``redis_socket_timeout``, set to ten minutes).
     Under valgrind a run lasts minutes, longer on a slower hour, and every round that fell into
-    it was counted as if the frames had cost it: one tree read 121,107 to 135,961 instructions
-    a frame before they were taken out of the count.
+    it would be counted as if the frames had cost it.
     """
     import broker.backends.redis.changelog
     import broker.fanout

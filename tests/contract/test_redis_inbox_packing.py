@@ -44,4 +44,3 @@ def test_the_packed_appends_are_the_evalsha_a_resp_packer_makes(prefix: str) -> 
     for call, command in enumerate(appends.commands):
         keys, args = appends.arguments(call)
         assert command == hiredis.pack_command(("EVALSHA", sha, len(keys), *keys, *args))
-
