@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from broker.backends.redis.connection import Client
 from broker.backends.redis.pool import QuickPool
 
-__all__ = ["PREPACKED", "Batch"]
+__all__ = ["Batch"]
 
 #: The name a pre-packed command stands under in a batch's pipeline (``Batch.call_packed``):
 #: no reply callback has it, so its reply comes back as the server sent it.

@@ -33,7 +33,6 @@ class AppendPacker:
     """The EVALSHA of ``inbox_append.lua`` in RESP, from its sessions and their frames' packed arguments."""
 
     def __init__(self, keys: Keys, sha: str) -> None:
-        self._keys = keys
         self._sha = bulk(sha.encode())
         #: The RESP of a session's three inbox keys, as a template to fill with (length, session
         #: id) three times, and each key's length less the session id's.
