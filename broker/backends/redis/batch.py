@@ -1,5 +1,8 @@
 """A non-transactional pipeline that runs scripts by EVALSHA and reloads any the server forgot.
 
+On a plain TCP server a batch goes over the connection every batch of the process shares
+(``multiplex``); on TLS, a Unix socket or Sentinel's master, over a connection of redis-py's pool.
+
 On Redis Cluster, redis-py refuses EVALSHA inside a cluster pipeline, so a batch there sends
 its commands and script calls concurrently instead (each on the node of its keys) and returns
 the replies in the order they were added. The commands of one batch never depend on each
@@ -10,18 +13,23 @@ before the session's set" holds per round trip only on a single server.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from broker.backends.redis.connection import Client
+from broker.backends.redis.multiplex import Multiplexed
 from broker.backends.redis.pool import QuickPool
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "run_script"]
 
 #: The name a pre-packed command stands under in a batch's pipeline (``Batch.call_packed``):
 #: no reply callback has it, so its reply comes back as the server sent it.
@@ -31,6 +39,9 @@ PREPACKED = "(packed EVALSHA)"
 #: call at once (MaxConnectionsError, not retried) when a node's pool is exhausted, so a
 #: batch of one call per session must not open one connection per session.
 CLUSTER_CONCURRENCY = 32
+
+#: Options of a pipeline's command that ``parse_response`` takes for itself rather than pass on.
+_NOT_FOR_CALLBACKS = frozenset({EMPTY_RESPONSE, NEVER_DECODE, "keys"})
 
 
 class _Calls:
@@ -61,19 +72,23 @@ class Batch:
     """
 
     def __init__(self, client: Client) -> None:
-        self._cluster = isinstance(client, RedisCluster)
+        # ``isinstance(client, Redis)``, not ``RedisCluster``: the latter is a typing Protocol's
+        # check, some 0.5 µs, and a batch is made for every round trip of fan-out.
+        server = client if isinstance(client, Redis) else None
+        self._cluster = server is None
         #: The client of a single server (or of Sentinel's master): None on Cluster.
-        self._server: Redis | None = None if isinstance(client, RedisCluster) else client
+        self._server: Redis | None = server
         #: A pipeline, or on Cluster its stand-in: commands are added as ``pipe.<command>(...)``.
-        self.pipe: Any = _Calls(client) if isinstance(client, RedisCluster) else client.pipeline(transaction=False)
+        self.pipe: Any = _Calls(client) if server is None else server.pipeline(transaction=False)  # type: ignore[arg-type]
         self._scripts: dict[int, tuple[AsyncScript, Callable[[], tuple[Sequence[str], Sequence[Any]]]]] = {}
 
     def call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
         if self._cluster:
             self.pipe.calls.append(lambda: script(keys=keys, args=args))
             return
-        self._scripts[len(self.pipe)] = (script, lambda: (keys, args))
-        self.pipe.evalsha(script.sha, len(keys), *keys, *args)
+        stack = self.pipe.command_stack
+        self._scripts[len(stack)] = (script, lambda: (keys, args))
+        stack.append((("EVALSHA", script.sha, len(keys), *keys, *args), {}))  # as ``pipe.evalsha`` records it
 
     def call_packed(self, script: AsyncScript, command: bytes,
                     arguments: Callable[[], tuple[Sequence[str], Sequence[Any]]]) -> None:
@@ -103,7 +118,11 @@ class Batch:
                 if isinstance(reply, BaseException) and (raise_errors or not isinstance(reply, Exception)):
                     raise reply
             return list(replies)
-        results = await self._exchange_on_one_connection()
+        multiplexed = getattr(self._server.connection_pool, "multiplexed", None)  # type: ignore[union-attr]
+        if multiplexed is not None:
+            results = await self._exchange_multiplexed(multiplexed)
+        else:
+            results = await self._exchange_on_one_connection()
         for i, result in enumerate(results):
             if isinstance(result, NoScriptError) and i in self._scripts:
                 script, arguments = self._scripts[i]
@@ -115,6 +134,36 @@ class Batch:
             if isinstance(result, Exception) and raise_errors:
                 raise result
         return results
+
+    async def _exchange_multiplexed(self, multiplexed: Multiplexed) -> list[Any]:
+        """The pipeline's commands and their replies over the server's shared connection (``multiplex``).
+
+        As on a pooled connection (below): the replies through the client's response callbacks,
+        errors in their place; a connection error, a timeout or a reply that is one (``LOADING``)
+        sends the whole batch again on a new connection, under the client's retry policy.
+        """
+        server = self._server
+        assert server is not None
+        stack, self.pipe.command_stack = self.pipe.command_stack, []  # sent once, as redis-py's pipeline
+        pack = multiplexed.pack
+        packed: list[bytes] = []
+        for args, _ in stack:
+            if args[0] is PREPACKED:
+                packed.append(args[1])
+            else:
+                packed += pack(args)
+        count = len(stack)
+
+        async def exchange() -> list[Any]:
+            raw = await multiplexed.request(packed, count)
+            for reply in raw:
+                if isinstance(reply, RedisConnectionError):
+                    raise reply
+            return raw
+
+        retry: Retry | None = server.connection_pool.connection_kwargs.get("retry")
+        raw = await (exchange() if retry is None else retry.call_with_retry(exchange, _nothing_to_undo))
+        return await _parsed(server, stack, raw)
 
     async def _exchange_on_one_connection(self) -> list[Any]:
         """The pipeline's commands in one write and their replies, errors in their place.
@@ -173,3 +222,37 @@ class Batch:
         finally:
             if not (isinstance(pool, QuickPool) and pool.put_back(connection)):
                 await asyncio.shield(pool.release(connection))
+
+
+async def _parsed(server: Redis, stack: list[Any], raw: list[Any]) -> list[Any]:
+    """The replies of a pipeline's commands as redis-py's ``parse_response`` gives them, from the
+    replies as the server sent them: an error in its place (or the command's ``EMPTY_RESPONSE``),
+    the rest through the client's response callback for the command."""
+    callbacks = server.response_callbacks
+    replies: list[Any] = []
+    for (args, options), reply in zip(stack, raw, strict=True):
+        if isinstance(reply, ResponseError):
+            replies.append(options.get(EMPTY_RESPONSE, reply))
+            continue
+        callback = callbacks.get(args[0])
+        if callback is not None:
+            extra = {k: v for k, v in options.items() if k not in _NOT_FOR_CALLBACKS}
+            reply = callback(reply, **extra)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        replies.append(reply)
+    return replies
+
+
+async def _nothing_to_undo(error: Exception) -> None:
+    """A failed exchange's connection is reset and closed already (``multiplex``)."""
+
+
+async def run_script(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """One call of ``script``: a batch of one on a single server (its shared connection, where it
+    has one), ``AsyncScript`` on Cluster. Raises the script's error."""
+    if not isinstance(client, Redis):
+        return await script(keys=keys, args=args)
+    batch = Batch(client)
+    batch.call(script, keys, args)
+    return (await batch.execute())[0]

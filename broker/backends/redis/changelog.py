@@ -36,7 +36,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from broker.backends.redis.batch import Batch
+from broker.backends.redis.batch import Batch, run_script
 from broker.backends.redis.changelog_read import FencedReads
 from broker.backends.redis.codec import as_text, encode_change
 from broker.backends.redis.connection import Client, unavailable
@@ -130,10 +130,10 @@ class RedisChangeLog(FencedReads, LagReport):
         (fan-out trims as it acknowledges; a log an older version wrote has no such trimming).
         """
         partitions = list(groups)
-        reply = await self.scripts.changelog_append(*self._append_call(groups))
+        reply = await run_script(self.client, self.scripts.changelog_append, *self._append_call(groups))
         if int(reply[0]) == -2:
             await self.trim(partitions[int(reply[1]) - 1])
-            reply = await self.scripts.changelog_append(*self._append_call(groups))
+            reply = await run_script(self.client, self.scripts.changelog_append, *self._append_call(groups))
         if int(reply[0]) == -3:
             raise _Sealed()
         refused = self._refusal(partitions, reply)

@@ -48,6 +48,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 
+from broker.backends.redis.multiplex import Multiplexed, Server
 from broker.backends.redis.pool import QuickPool
 from broker.config import Settings
 from broker.errors import BackendUnavailable
@@ -336,7 +337,12 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
         # waits for a free connection, where the default pool refused at once (a 503 per call).
         pool = QuickPool.from_url(url, max_connections=settings.redis_max_connections,
                                    timeout=settings.redis_socket_timeout, **common)
+        plain_tcp = pool.connection_class is Connection  # not TLS, not a Unix socket
         pool.connection_class = _discarding(pool.connection_class)
+        if plain_tcp and not pubsub:
+            packer = pool.connection_class(**pool.connection_kwargs)  # never connected: it packs what hiredis cannot
+            server = Server(pool.connection_kwargs, int(packer.protocol or 2))
+            pool.multiplexed = Multiplexed(server, packer.pack_command)
         return Redis(connection_pool=pool), False
     creds = _credentials(parts.netloc)
     if scheme in ("redis+sentinel", "rediss+sentinel"):

@@ -6,6 +6,8 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool
 
+from broker.backends.redis.multiplex import Multiplexed
+
 __all__ = ["QuickPool"]
 
 
@@ -29,6 +31,8 @@ class QuickPool(BlockingConnectionPool):
         super().__init__(*args, **kwargs)
         #: Tasks inside redis-py's checkout, some of which may wait for a release.
         self._entered = 0
+        #: The pipelined connection batches share (``multiplex``), on a plain TCP server; None otherwise.
+        self.multiplexed: Multiplexed | None = None
 
     def _quick(self) -> bool:
         return not self._entered and not self._in_maintenance
@@ -63,3 +67,8 @@ class QuickPool(BlockingConnectionPool):
     async def release(self, connection: Any) -> None:
         if not self.put_back(connection):
             await super().release(connection)
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if self.multiplexed is not None:
+            await self.multiplexed.close()
