@@ -102,9 +102,9 @@ class InboxRead:
 WakeKind = Literal["frames", "takeover", "subscribe", "unsubscribe"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one sets each field through object.__setattr__ (one per frame)
 class Wake:
-    """A wake-up for the stream watching a session.
+    """A wake-up for the stream watching a session. Never changed once made.
 
     ``kind`` is ``frames`` (new frames after ``offset``), ``takeover`` (the stream that
     claimed the session as ``generation`` now holds it; every stream of an older generation

@@ -149,7 +149,9 @@ class LegacyStream(Stream):
                     await self._drain(writer)
                 elif self._live:
                     live, self._live = self._live, []
-                    await self._send(writer, [(off, f) for off, f in live if off > self.cursor])
+                    if len(live) > 1 or live[0][0] <= self.cursor:  # one new frame, as is usual, is sent as it is
+                        live = [(off, f) for off, f in live if off > self.cursor]
+                    await self._send(writer, live)
                 elif self.ping:
                     self.ping = False
                     await writer.comment()
