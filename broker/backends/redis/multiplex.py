@@ -1,7 +1,7 @@
 """One pipelined connection to a single Redis server, shared by every batch of a process.
 
 Fan-out and publishing make a few round trips per change, each a handful of commands that never
-block. Through redis-py's pool a batch of one EVALSHA cost the client about 146,000 instructions
+block. Through redis-py's pool a batch of one EVALSHA cost the client about 173,000 instructions
 (a checkout, a retry wrapper, a timer per reply, four layers of reading), where an
 ``asyncio.Protocol`` that writes a command and resolves a future from its reply costs about
 12,000 for the exchange itself (callgrind; bench/NOTES.md). This connection is such a protocol:
