@@ -5,13 +5,11 @@ reset within the socket timeout, the server's ACL user and database used."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import signal
 import socket
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -21,6 +19,7 @@ from broker.backends.redis.batch import Batch, run_script
 from broker.backends.redis.connection import open_clients
 from broker.backends.redis.pool import QuickPool
 from broker.config import Settings
+from tests.contract.test_redis_batch import client_for
 from tests.support import RedisProcess
 
 pytestmark = pytest.mark.redis
@@ -33,17 +32,6 @@ repeat
 until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1])
 return ARGV[2]
 """
-
-
-@contextlib.asynccontextmanager
-async def client_for(url: str, **settings: object) -> AsyncIterator[Redis]:
-    clients = open_clients(Settings(_env_file=None, redis_url=url, **settings))  # type: ignore[arg-type, call-arg]
-    assert isinstance(clients.commands, Redis)
-    try:
-        yield clients.commands
-    finally:
-        await clients.commands.aclose(close_connection_pool=True)
-        await clients.pubsub.aclose(close_connection_pool=True)  # type: ignore[call-arg]
 
 
 def shared(client: Redis) -> object:
