@@ -73,13 +73,15 @@ async def test_a_batch_cancelled_while_its_command_runs_leaves_its_reply_behind_
         redis_server: RedisProcess) -> None:
     key = f"m{secrets.token_hex(4)}"
     async with client_for(redis_server.url) as client:
-        shared(client)
+        mux = shared(client)
         slow = client.register_script(SLOW)
         before = await connection_id(client)
+        wire = mux._wire  # type: ignore[attr-defined]
         waiting = Batch(client)
         waiting.call(slow, [key], [300_000, "the slow one's"])
         task = asyncio.create_task(waiting.execute())
-        await asyncio.sleep(0.05)  # its bytes are with the server, which is running it
+        while not (wire.waiting and not wire.unsent()):  # sent, its bytes with the kernel: the case at hand
+            await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -151,7 +151,7 @@ class Batch:
             if args[0] is PREPACKED:
                 packed.append(args[1])
             else:
-                packed += pack(args)
+                packed += pack(*args)
         count = len(stack)
 
         async def exchange() -> list[Any]:

@@ -200,10 +200,8 @@ class _DiscardUnsent(Connection):
             return super().pack_command(*args)
         first = args[0]
         # As redis-py: a command name with spaces ("CONFIG GET") is several arguments.
-        if isinstance(first, str):
-            args = (*first.encode().split(), *args[1:])
-        elif isinstance(first, bytes) and b" " in first:
-            args = (*first.split(), *args[1:])
+        if isinstance(first, (str, bytes)) and len(parts := first.split()) > 1:
+            args = (*parts, *args[1:])  # a one-word name, the usual, is packed as it is
         try:
             return [_hiredis_pack(args)]
         except TypeError:
@@ -340,7 +338,7 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
         plain_tcp = pool.connection_class is Connection  # not TLS, not a Unix socket
         pool.connection_class = _discarding(pool.connection_class)
         if plain_tcp and not pubsub:
-            packer = pool.connection_class(**pool.connection_kwargs)  # never connected: it packs what hiredis cannot
+            packer = pool.connection_class(**pool.connection_kwargs)  # never connected: it packs commands
             server = Server(pool.connection_kwargs, int(packer.protocol or 2))
             pool.multiplexed = Multiplexed(server, packer.pack_command)
         return Redis(connection_pool=pool), False

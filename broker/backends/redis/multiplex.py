@@ -185,22 +185,12 @@ class _Wire(asyncio.Protocol):
 class Multiplexed:
     """The shared connection of one process to one server, connected on first use and after a failure."""
 
-    def __init__(self, server: Server, fallback: Callable[..., list[bytes]]) -> None:
+    def __init__(self, server: Server, pack: Callable[..., list[bytes]]) -> None:
         self.server = server
-        #: redis-py's packing, for arguments hiredis does not take (a float, a bool: redis-py's to refuse).
-        self._fallback = fallback
+        #: Packs one command in RESP, as the broker's pooled connections do (``connection._DiscardUnsent``).
+        self.pack = pack
         self._wire: _Wire | None = None
         self._connecting: asyncio.Future[_Wire] | None = None
-
-    def pack(self, args: tuple[Any, ...]) -> list[bytes]:
-        """One command in RESP, as the broker's redis-py connections pack it (``connection._DiscardUnsent``)."""
-        first = args[0]
-        if isinstance(first, (str, bytes)) and (" " in first if isinstance(first, str) else b" " in first):
-            args = (*first.split(), *args[1:])  # "CLIENT KILL": several arguments, as redis-py sends it
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError:
-            return self._fallback(*args)
 
     async def request(self, packed: list[bytes], count: int) -> list[Any]:
         """The ``count`` replies to ``packed``, as the server sent them (errors as exceptions, in place).
