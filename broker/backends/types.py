@@ -41,6 +41,7 @@ __all__ = [
     "WakeKind",
     "WebhookRecord",
     "change_position",
+    "generation",
     "inbox_gap",
     "record_quota_message",
 ]
@@ -182,6 +183,17 @@ def inbox_gap(cursor_epoch: str, epoch: str, after: int, head: int, oldest: int)
     out) are gaps; the stream then applies the gap rule instead of replaying.
     """
     return cursor_epoch != epoch or after > head or after < oldest - 1
+
+
+def generation(epoch: str) -> str:
+    """The data generation of a session's epoch: the store's epoch when the session was made.
+
+    A session met on a new Redis lineage (a promoted replica, a restarted server) takes the
+    epoch ``<generation>r<lineage>`` (``redis/lineage.lua``) with its data generation
+    unchanged; whether a vanished session was ended or lost with the store's data is judged by
+    the generation alone.
+    """
+    return epoch.partition("r")[0]
 
 
 def change_position(change_id: str) -> tuple[str, str] | None:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
-from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake
+from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake, generation
 from broker.delivery.stream import SAMPLE_EVERY, EndReason, Stream, StreamMetrics, Streams, Writer
 from broker.errors import BackendUnavailable
 from broker.notifications import LIST_CHANGED_KEY, resync_frames
@@ -190,7 +190,7 @@ class LegacyStream(Stream):
         if start.claim.generation == CLOSE_ALL:
             # The session was gone when the claim ran (deleted, or lost with the store's data):
             # the client starts again from a 404 rather than this stream restoring it unclaimed.
-            gone = start.read.gone and start.read.epoch == self.session.epoch
+            gone = start.read.gone and start.read.epoch == generation(self.session.epoch)
             self.end(EndReason.GONE if gone else EndReason.LOST)
             return
         first: InboxRead | None = start.read
@@ -255,7 +255,7 @@ class LegacyStream(Stream):
             else:
                 read, first = first, None
             if read.gone:
-                if read.epoch == self.session.epoch:
+                if read.epoch == generation(self.session.epoch):
                     self.end(EndReason.GONE)  # ended (DELETE, expiry), not lost: nothing to restore
                 elif restored or not await self._restore():
                     self.end(EndReason.LOST)  # lost again at once, or cannot be put back: retry, do not spin

@@ -15,8 +15,11 @@
 -- frames when they are larger than the bound (the stream reads its inbox instead: a large
 -- change watched by many streams of one worker must not fill its pub/sub output buffer).
 -- Nothing is written for a session that is gone (its hash, which holds its epoch from
--- creation on, is). Returns, per session, its new head (-1 when gone), the worker node that
--- watches it ('' when none), the (1-based) numbers of the frames it skipped (0 when none) and
+-- creation on, is). A session met on another lineage takes a new epoch first (lineage.lua),
+-- and its wake-up carries no frames: its stream reads the inbox and finds the gap.
+-- Returns, per session, its new head (-1 when gone), the worker node that
+-- watches it ('' when none), the (1-based) numbers of the frames it skipped (0 when none, -1
+-- when the session took a new epoch: announce without frames) and
 -- the entries this call trimmed from its inbox (by length or age, for the metrics): without
 -- a publish command, the caller sends the wake-ups of a whole batch to each node in one
 -- message, after this script.
@@ -34,7 +37,7 @@ local wake_max = tonumber(ARGV[5])
 -- Appends the frames `kept` after `head` to the inbox of the session whose keys end at KEYS[k],
 -- trims it by length and by age, adds the hash fields to set to `fields` and, with a publish
 -- command, publishes the wake-up. Returns the new head and the entries trimmed.
-local function append(k, head, kept, fields, t0)
+local function append(k, head, kept, fields, t0, frameless)
   local before_len = redis.call('XLEN', KEYS[k - 1])
   local first = head + 1
   head = head + #kept
@@ -83,7 +86,7 @@ local function append(k, head, kept, fields, t0)
   end
   if publish ~= '' then
     local packed = table.concat(kept)
-    if #packed > wake_max then
+    if frameless or #packed > wake_max then
       redis.call(publish, KEYS[k], 'F' .. head .. ':')
     else
       redis.call(publish, KEYS[k], 'F' .. first .. ':' .. packed)
@@ -106,7 +109,8 @@ for s = 1, #KEYS / 3 do
       break
     end
   end
-  local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch')
+  local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch', 'rid')
+  local fenced = got[5] and got[6] ~= LINEAGE and on_lineage(k - 2, got[5], got[6]) ~= got[5]
   local head = tonumber(got[1]) or 0
   local skipped = 0
   local trimmed = 0
@@ -118,7 +122,7 @@ for s = 1, #KEYS / 3 do
       skipped = {1}
     else
       local fields = first_field and {first_field, position} or {}
-      head, trimmed = append(k, head, {ARGV[at + 3]}, fields, tonumber(got[4]))
+      head, trimmed = append(k, head, {ARGV[at + 3]}, fields, tonumber(got[4]), fenced)
       redis.call('HSET', KEYS[k - 2], unpack(fields))
     end
   else
@@ -162,7 +166,7 @@ for s = 1, #KEYS / 3 do
       end
     end
     if #kept > 0 then
-      head, trimmed = append(k, head, kept, fields, tonumber(got[4]))
+      head, trimmed = append(k, head, kept, fields, tonumber(got[4]), fenced)
     end
     if #fields > 0 then
       redis.call('HSET', KEYS[k - 2], unpack(fields))
@@ -170,7 +174,7 @@ for s = 1, #KEYS / 3 do
   end
   results[r - 3] = head
   results[r - 2] = got[5] and got[2] or ''
-  results[r - 1] = skipped
+  results[r - 1] = fenced and -1 or skipped
   results[r] = trimmed
   at = at + 3 * n + 1
 end

@@ -250,10 +250,12 @@ class RedisInboxes:
             left_out = {int(i) - 1 for i in skips} if isinstance(skips, list) and skips else None
             if left_out:
                 frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
-            if not frames:
+            if not frames or skips == -1:
                 # Every frame was a repeat: a redo. An earlier attempt may have appended them and
                 # failed before announcing them (a later session of its script call, or of its
                 # pipeline, failed), so the stream gets a wake-up without frames and reads its inbox.
+                # So does a stream whose session took a new epoch (-1, lineage.lua): its read
+                # finds the gap, where frames of the new epoch would pass for its old one's.
                 if node == mine:
                     local_reads.append((sid, head))
                 else:

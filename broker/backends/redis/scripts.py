@@ -44,8 +44,16 @@ NAMES = (
 )
 
 
-def source(name: str) -> str:
+#: The scripts that number a session's frames or hand out its head, with ``lineage.lua`` before them.
+FENCED = frozenset({"inbox_append", "inbox_read", "session_create", "session_restore"})
+
+
+def _read(name: str) -> str:
     return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def source(name: str) -> str:
+    return _read("lineage") + _read(name) if name in FENCED else _read(name)
 
 
 class Scripts:

@@ -3,6 +3,7 @@
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local fields = {}
 for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+if LINEAGE ~= '' then fields[#fields + 1] = 'rid' fields[#fields + 1] = LINEAGE end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1

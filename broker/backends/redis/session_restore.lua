@@ -6,6 +6,7 @@ redis.call('DEL', KEYS[2], KEYS[3])
 local n = tonumber(ARGV[3])
 local fields = {}
 for i = 4 + n, #ARGV do fields[#fields + 1] = ARGV[i] end
+if LINEAGE ~= '' then fields[#fields + 1] = 'rid' fields[#fields + 1] = LINEAGE end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 for i = 4, 3 + n do redis.call('SADD', KEYS[2], ARGV[i]) end
