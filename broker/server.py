@@ -131,6 +131,23 @@ class _WorkerProcess(multiprocess.Process):
             process_exited(pid)
 
 
+class _Supervisor(multiprocess.Multiprocess):
+    """uvicorn's supervisor, which lets go of the listening socket as soon as it stops.
+
+    The workers share the socket the supervisor bound, and it listens while any process holds
+    it: a worker that drains closes its copy, but the supervisor kept its own until every
+    worker had exited. The kernel went on completing connections nobody would accept, and
+    reset them at the exit, after a balancer had sent its requests on them (a 502 for a POST).
+    With the supervisor's copy closed first, the socket closes when the last worker starts its
+    drain, and from then on a connection is refused, which a balancer retries elsewhere.
+    """
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
+
 def run_workers(config: uvicorn.Config) -> None:
     """uvicorn's multi-process supervisor with BrokerServer workers.
 
@@ -140,4 +157,4 @@ def run_workers(config: uvicorn.Config) -> None:
     """
     multiprocess.Process = _WorkerProcess  # type: ignore[misc]
     sock = config.bind_socket()
-    multiprocess.Multiprocess(config, sockets=[sock]).run()
+    _Supervisor(config, sockets=[sock]).run()

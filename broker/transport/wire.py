@@ -21,6 +21,11 @@ uvicorn's parsing and request cycle and adds, per connection:
   and closes it, before reading anything, so it never runs out of descriptors for the ones it
   serves, for Redis or for ``accept()``.
 
+Neither an idle connection's keep-alive timeout (uvicorn's) nor the deadline of a connection
+that has sent nothing closes it while a request waits unread in the kernel (see
+``_unread_bytes``): a worker frozen past the timeout (a paused VM) runs the due timer before it
+reads what arrived meanwhile, and closing then would reset a request a balancer had sent.
+
 A connection's first head deadline is armed when it opens; after that, timers are armed only
 when a read leaves a head or body incomplete: a request that arrives in one read (nearly all of
 them) starts and cancels none, and an open stream holds none. Bytes that arrive after a finished
@@ -30,9 +35,12 @@ exchange, blank lines included, start the next head's deadline.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import logging
 import resource
+import struct
+import termios
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +170,12 @@ class WireProtocol(HttpToolsProtocol):
         self._arm(_IDLE)
         super().connection_lost(exc)
 
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive timeout, which leaves a connection open if a request waits on it."""
+        if not self.transport.is_closing() and _unread_bytes(self.transport):
+            return  # read next, as if it had come a moment sooner; the head deadline runs from there
+        super().timeout_keep_alive_handler()
+
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, plus the accounting; a callback that answered stops the parser.
         self._unset_keepalive_if_required()
@@ -229,6 +243,9 @@ class WireProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self._timer_phase == _HEAD and self._head_bytes == 0:
+            if _unread_bytes(self.transport):
+                self._arm(_HEAD)  # it did send, while this worker was frozen: read that first
+                return
             self.transport.close()  # connected and sent nothing: nothing to answer
             return
         logger.debug("closing a connection from %s: request %s not received in time", self.client,
@@ -253,6 +270,29 @@ class WireProtocol(HttpToolsProtocol):
         self._arm(_IDLE)
         self._phase = _IDLE
         self.transport.close()
+
+
+def _unread_bytes(transport: asyncio.Transport) -> int:
+    """Bytes that arrived on ``transport``'s socket and are not read yet (``FIONREAD``; 0 at EOF).
+
+    A timer that closes an idle connection asks this first. A worker frozen longer than the
+    timer (a paused VM; SIGSTOP, then SIGCONT) finds when it resumes both the timer due and, on
+    the socket, a request a balancer sent meanwhile. Its wait for events ends interrupted
+    (EINTR) with its timeout spent, and uvloop runs due timers before it polls again, so the
+    timer comes first whenever the freeze found the worker idle. Closing a socket with unread
+    bytes makes the kernel send a reset, and the balancer, whose request was sent, cannot
+    retry it: a POST becomes a 502. Waiting bytes keep the connection, and they are read and
+    answered next. Shutting down writes first would not help: the peer sent its request
+    before any FIN could reach it.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        waiting: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4)))[0]
+    except OSError:
+        return 0
+    return waiting
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:

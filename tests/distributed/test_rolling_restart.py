@@ -2,9 +2,10 @@
 
 A real nginx runs ``deploy/nginx.conf`` (its upstream and location directives as shipped; only
 addresses, paths and process counts are the test's) in front of three workers that run with the
-image's settings. Clients POST all the time, on keep-alive connections, while each worker in
-turn gets SIGTERM, exits and starts again on its port. nginx does not retry a POST it has sent,
-so a worker that closes a connection nginx is about to reuse turns into a 502 for a client.
+image's settings, each a single process or ``serve --workers 2``. Clients POST all the time, on
+keep-alive connections, while each worker in turn gets SIGTERM, exits and starts again on its
+port. nginx does not retry a POST it has sent, so a worker that closes a connection nginx is about
+to reuse, or lets nginx connect and then resets the connection, turns into a 502 for a client.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import socket
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -104,19 +105,33 @@ class NginxProcess:
                 self.proc.wait(10)
 
 
-@pytest.fixture
-def nginx_deployment(tmp_path: Path) -> Iterator[tuple[NginxProcess, list[BrokerProcess], dict[str, str]]]:
+#: How a deployment's instances run: one worker process each, or ``serve --workers 2``, whose
+#: supervisor holds the listening socket its worker processes share.
+INSTANCES = {"single-process": [], "serve-workers-2": ["--workers", "2"]}
+
+#: Starts instance ``index`` (on ``port``, when it is started again).
+Start = Callable[[int, int | None], BrokerProcess]
+NginxDeployment = tuple[NginxProcess, list[BrokerProcess], Start]
+
+
+@pytest.fixture(params=list(INSTANCES))
+def nginx_deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NginxDeployment]:
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (Debian's nginx-light or nginx): the rolling restart goes through it")
     workers: list[BrokerProcess] = []
     with RedisProcess() as redis:
         env = {**WORKER_ENV, "MCP_BROKER_REDIS_URL": redis.url, **image_env()}
+
+        def start(index: int, port: int | None = None) -> BrokerProcess:
+            return BrokerProcess(env={**env, "MCP_BROKER_SERVER_NAME": f"worker-{index}"},
+                                 args=INSTANCES[request.param], port=port)
+
         nginx: NginxProcess | None = None
         try:
-            workers.extend(BrokerProcess(env=worker_env(env, i)) for i in range(3))
+            workers.extend(start(i) for i in range(3))
             nginx = NginxProcess(binary, [w.port for w in workers], tmp_path)
-            yield nginx, workers, env
+            yield nginx, workers, start
         finally:
             if nginx is not None:
                 nginx.stop()
@@ -183,7 +198,7 @@ def served_by(url: str) -> str:
     return str(reply.json()["result"]["serverInfo"]["name"])
 
 
-def roll(url: str, workers: list[BrokerProcess], env: dict[str, str]) -> list[tuple[float, float]]:
+def roll(url: str, workers: list[BrokerProcess], start: Start) -> list[tuple[float, float]]:
     """SIGTERM each worker in turn, wait for its exit, start it again on its port; when each was away.
 
     The next worker is stopped only once nginx sends requests to the restarted one again, as a
@@ -197,28 +212,24 @@ def roll(url: str, workers: list[BrokerProcess], env: dict[str, str]) -> list[tu
         # uvicorn raises the signal again once it has shut down, so SIGTERM is the exit status.
         assert worker.terminate(timeout=30) in (0, -signal.SIGTERM)
         worker.kill()  # closes its pipe
-        workers[index] = BrokerProcess(env=worker_env(env, index), port=worker.port)
+        workers[index] = start(index, worker.port)
         name = f"worker-{index}"
         wait_until(lambda name=name: served_by(url) == name, what=f"nginx to send requests to {name} again")
         windows.append((started, time.monotonic()))
     return windows
 
 
-def worker_env(env: dict[str, str], index: int) -> dict[str, str]:
-    return {**env, "MCP_BROKER_SERVER_NAME": f"worker-{index}"}
-
-
 @pytest.mark.timeout(180)
 async def test_a_rolling_restart_through_the_shipped_nginx_answers_every_post(
-    nginx_deployment: tuple[NginxProcess, list[BrokerProcess], dict[str, str]],
+    nginx_deployment: NginxDeployment,
 ) -> None:
-    nginx, workers, env = nginx_deployment
+    nginx, workers, start = nginx_deployment
     traffic = Traffic(nginx.url)
     clients = [asyncio.create_task(traffic.client(n)) for n in range(CLIENTS)]
     watchers = [asyncio.create_task(traffic.watcher(n)) for n in range(WATCHERS)]
     try:
         await traffic.answered(200)  # every client has its session and is sending
-        windows = await asyncio.to_thread(roll, nginx.url, workers, env)
+        windows = await asyncio.to_thread(roll, nginx.url, workers, start)
         await traffic.answered(len(traffic.answers) + 200)  # and goes on after the last restart
     finally:
         traffic.done.set()
@@ -249,10 +260,15 @@ def refuses_connections(worker: BrokerProcess) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones() -> None:
-    """What the balancer relies on: no connection it holds is closed under it, a new one is refused."""
+@pytest.mark.parametrize("args", list(INSTANCES.values()), ids=list(INSTANCES))
+def test_a_stopping_worker_answers_on_its_open_connections_and_refuses_new_ones(args: list[str]) -> None:
+    """What the balancer relies on: no connection it holds is closed under it, a new one is refused.
+
+    ``serve --workers 2`` too: there a connection is refused only once no process holds the
+    listening socket, the supervisor included."""
     # A long idle timeout: only the stop may end the connection, however slow the machine.
-    with BrokerProcess(env={"MCP_BROKER_SHUTDOWN_DRAIN": "30", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"}) as worker:
+    env = {"MCP_BROKER_SHUTDOWN_DRAIN": "30", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"}
+    with RedisProcess() as redis, BrokerProcess(env={**env, "MCP_BROKER_REDIS_URL": redis.url}, args=args) as worker:
         conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=10)
         try:
             body = b'{"uri": "https://example.com/draining"}'

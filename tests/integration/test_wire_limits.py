@@ -15,7 +15,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support import BIN, BrokerProcess, free_port, wait_until
@@ -214,6 +216,51 @@ def test_a_body_that_arrives_in_time_is_served(broker: BrokerProcess) -> None:
             sock.sendall(body[i:i + 12])
             time.sleep(0.1)  # a slow client, well within the deadline
         answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 202 "), answer[:200]
+
+
+# -- a frozen worker --------------------------------------------------------------------------------
+def receive_queue(local_port: int, remote_port: int) -> int:
+    """Bytes received and not read yet at the loopback socket between these ports; at a listening
+    socket (``remote_port`` 0), connections not accepted yet (``/proc/net/tcp``)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{local_port:04X}") and fields[2].endswith(f":{remote_port:04X}"):
+            return int(fields[4].split(":")[1], 16)
+    return 0
+
+
+@pytest.mark.parametrize("idle", ["kept-alive", "new"])
+def test_a_request_that_arrived_while_the_worker_was_frozen_past_its_idle_timeout_is_answered(idle: str) -> None:
+    """A worker paused (a suspended VM, SIGSTOP) beyond the time it gives an idle connection (the
+    keep-alive timeout after a request, the head deadline on a new connection) finds the request
+    a balancer sent meanwhile: it is answered, not reset unread (a 502 for a POST, which nginx
+    does not retry)."""
+    body = b'{"uri": "https://example.com/frozen"}'
+    env = {"MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "1", "MCP_BROKER_HEADER_TIMEOUT": "1"}
+    with BrokerProcess(env=env) as worker, connect(worker.port) as sock:
+        if idle == "kept-alive":
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        wait_until(lambda: receive_queue(worker.port, 0) == 0, what="the worker to accept the connection")
+        # Frozen idle, as a paused machine finds a worker: waiting for events, so its timer for
+        # the connection is armed. The wait ends with EINTR when the worker resumes, and uvloop
+        # then runs its due timers before it polls again.
+        wait_until(lambda: "epoll" in Path(f"/proc/{worker.proc.pid}/wchan").read_text(), what="the worker to idle")
+        idle_since = time.monotonic()
+        frozen = psutil.Process(worker.proc.pid)
+        frozen.suspend()
+        try:
+            wait_until(lambda: frozen.status() == psutil.STATUS_STOPPED, what="the worker to stop")
+            request = POSTS["/changes"] + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            sock.sendall(request)
+            client_port = sock.getsockname()[1]
+            wait_until(lambda: receive_queue(worker.port, client_port) == len(request), what="the request to arrive")
+            # Frozen until the timer (1 s) is due: it and the request wait for the worker together.
+            time.sleep(max(0.0, idle_since + 1.5 - time.monotonic()))
+        finally:
+            frozen.resume()
+        answer = read_response(sock)
     assert answer.startswith(b"HTTP/1.1 202 "), answer[:200]
 
 
