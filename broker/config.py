@@ -42,6 +42,12 @@ class Settings(IdentitySettings):
     redis_health_check_interval: int = Field(default=15, ge=0)
     #: Retries of a command that failed on the connection, with a short backoff.
     redis_retries: int = Field(default=1, ge=0)
+    #: Durable mode: a published change, a record write and a key's creation or revocation are
+    #: acknowledged only once this many replicas have them (``WAIT``), so a failover keeps them;
+    #: 0 (the default) acknowledges once the master has them. Single server and Sentinel only.
+    redis_durable_replicas: int = Field(default=0, ge=0)
+    #: Seconds a durable write waits for its replicas before it is answered 503 (not acknowledged).
+    redis_durable_timeout: float = Field(default=1.0, gt=0)
     #: Origins allowed to call /mcp (DNS-rebinding protection). Requests without Origin pass.
     allowed_origins: list[str] = Field(
         default_factory=lambda: [
@@ -293,6 +299,22 @@ class Settings(IdentitySettings):
                     raise ValueError(f"{entry!r} is neither a host name nor an address range; write e.g. "
                                      "'[\"hooks.internal\", \"10.0.0.0/8\", \"127.0.0.1\"]'") from None
         return value
+
+    @model_validator(mode="after")
+    def _durable(self) -> Settings:
+        if not self.redis_durable_replicas:
+            return self
+        if not self.redis_url:
+            raise ValueError("MCP_BROKER_REDIS_DURABLE_REPLICAS needs a Redis with replicas; set MCP_BROKER_REDIS_URL "
+                             "or write MCP_BROKER_REDIS_DURABLE_REPLICAS=0")
+        if self.redis_url.lower().partition("://")[0].endswith("+cluster"):
+            raise ValueError("MCP_BROKER_REDIS_DURABLE_REPLICAS is not supported on Redis Cluster (a node's WAIT "
+                             "cannot follow a script to its slot); write 0, or use one server or Sentinel")
+        if self.redis_durable_timeout >= self.redis_socket_timeout:
+            raise ValueError(f"MCP_BROKER_REDIS_DURABLE_TIMEOUT ({self.redis_durable_timeout}) must be below "
+                             f"MCP_BROKER_REDIS_SOCKET_TIMEOUT ({self.redis_socket_timeout}), or the wait would "
+                             "count as a lost connection; write a smaller value")
+        return self
 
     @model_validator(mode="after")
     def _events_bounds(self) -> Settings:

@@ -36,10 +36,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from broker.backends.redis.batch import Batch, run_script
+from broker.backends.redis.batch import Batch
 from broker.backends.redis.changelog_read import FencedReads
 from broker.backends.redis.codec import as_text, encode_change
 from broker.backends.redis.connection import Client, unavailable
+from broker.backends.redis.durable import Durability
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
 from broker.backends.redis.lag import LagReport
 from broker.backends.redis.leases import PartitionLeases
@@ -73,6 +74,7 @@ class RedisChangeLog(FencedReads, LagReport):
         self.keys = keys
         self.scripts = scripts
         self.cluster = cluster
+        self.durable = Durability.of(settings)
         self.partitioning = Partitioning(client, keys, scripts, settings.changelog_partitions)
         self.leases = PartitionLeases(client, keys, scripts, partitions=self.partitioning.reading.numbers,
                                       lease_ms=max(settings.fanout_claim_idle_ms, 30), cluster=cluster)
@@ -130,10 +132,10 @@ class RedisChangeLog(FencedReads, LagReport):
         (fan-out trims as it acknowledges; a log an older version wrote has no such trimming).
         """
         partitions = list(groups)
-        reply = await run_script(self.client, self.scripts.changelog_append, *self._append_call(groups))
+        reply = await self.durable.run(self.client, self.scripts.changelog_append, *self._append_call(groups))
         if int(reply[0]) == -2:
             await self.trim(partitions[int(reply[1]) - 1])
-            reply = await run_script(self.client, self.scripts.changelog_append, *self._append_call(groups))
+            reply = await self.durable.run(self.client, self.scripts.changelog_append, *self._append_call(groups))
         if int(reply[0]) == -3:
             raise _Sealed()
         refused = self._refusal(partitions, reply)

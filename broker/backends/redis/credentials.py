@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 
 from broker.backends.redis.codec import as_text
 from broker.backends.redis.connection import Client, unavailable
+from broker.backends.redis.durable import Durability
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.scripts import source
 from broker.backends.types import KeyRecord
@@ -51,19 +52,21 @@ def _record(key_id: str, raw: Mapping[Any, Any]) -> KeyRecord | None:
 class RedisCredentials:
     """Runtime API keys shared by every worker of the deployment."""
 
-    def __init__(self, client: Client, keys: Keys) -> None:
+    def __init__(self, client: Client, keys: Keys, durable: Durability | None = None) -> None:
         self.client = client
         self.keys = keys
+        self._durable = durable or Durability()
         self._create: AsyncScript = client.register_script(source("credential_create"))
         self._revoke: AsyncScript = client.register_script(source("credential_revoke"))
 
     async def create(self, record: KeyRecord) -> bool:
         keys = self.keys
         with unavailable("credentials.create"):
-            created = await self._create(
-                keys=[keys.credential(record.id), keys.credential_digest(record.digest), keys.credential_ids(),
-                      keys.credential_ids(record.tenant)],
-                args=[record.id, record.digest, *_fields(record)])
+            created = await self._durable.run(
+                self.client, self._create,
+                [keys.credential(record.id), keys.credential_digest(record.digest), keys.credential_ids(),
+                 keys.credential_ids(record.tenant)],
+                [record.id, record.digest, *_fields(record)])
         return bool(int(created))
 
     async def find(self, digest: str) -> KeyRecord | None:
@@ -95,5 +98,6 @@ class RedisCredentials:
 
     async def revoke(self, key_id: str, at: float) -> bool | None:
         with unavailable("credentials.revoke"):
-            outcome = int(await self._revoke(keys=[self.keys.credential(key_id)], args=[repr(at)]))
+            outcome = int(await self._durable.run(self.client, self._revoke, [self.keys.credential(key_id)],
+                                                  [repr(at)]))
         return None if outcome < 0 else bool(outcome)

@@ -91,10 +91,10 @@ class RedisRecords:
                 if partitioning.moving:
                     raise BackendUnavailable("records are moving to new change-log partitions; write again shortly")
             keys = self._record_keys(tenant, collection)
-            code = int(await script(keys=keys, args=args))
+            code = int(await self.changelog.durable.run(self.client, script, keys, args))
             if code == -4:
                 await self.changelog.trim(self._layout.route_collection(tenant, collection))
-                code = int(await script(keys=keys, args=args))
+                code = int(await self.changelog.durable.run(self.client, script, keys, args))
             if code != -6:
                 return code
             await asyncio.sleep(0.02)
