@@ -86,13 +86,15 @@ async def test_a_listen_learns_of_every_change_its_worker_could_not_hear(outage:
             relay.heal()
             healed = time.monotonic()
 
-            # Legacy sessions re-read their inboxes after the reconnect (or, restored after an
-            # empty restart, get the gap rule): every URI is announced.
+            # Legacy sessions re-read their inboxes after the reconnect and get every change; after
+            # a restart (a new replication id: the session takes a new epoch) or restored after an
+            # empty one, they get the gap rule instead. Either way every URI is announced.
             seen_by_session: set[str] = set()
             async with asyncio.timeout(20):
                 while seen_by_session != set(watched):
                     event = await session_stream.next_message()
-                    if event.method == UPDATED and (data == "lost" or "seq" in event.message["params"]["_meta"]):
+                    if event.method == UPDATED and (outage != "reset connections"
+                                                    or "seq" in event.message["params"].get("_meta", {})):
                         seen_by_session.add(event.uri or "")
 
             # The listen hears of every URI (the change itself, or a resync), or ends with retry:.

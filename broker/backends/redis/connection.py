@@ -326,8 +326,9 @@ class _SentinelMasterPool(SentinelConnectionPool):
             return  # an unreachable Sentinel is no reason to drop anything: keep the master we know
         if address == self._checked:
             return
-        self._checked = self.master_address = address
+        self._checked = address
         for pool in (self, *self.followers):
+            pool.master_address = address  # where their dropped connections reconnect (_FollowsMaster)
             try:
                 await pool.disconnect()
             except (rexc.RedisError, OSError):
