@@ -43,6 +43,13 @@ class IdentitySettings(BaseSettings):
     oauth_introspection: bool = False
     oauth_client_id: str = ""
     oauth_client_secret: str = ""
+    #: Seconds one request to the authorization server (metadata, key set, an introspection) may
+    #: take in all, however slowly its bytes come: past it the check is a 503, never a hang.
+    oauth_fetch_timeout: float = Field(default=5.0, gt=0, le=60)
+    #: Introspection questions in flight per worker about the tokens of peers (client addresses)
+    #: whose token was refused in the last 10 s: a pool of their own, beside the 16 others share,
+    #: so a flood of made-up tokens waits on itself.
+    oauth_refused_peer_concurrency: int = Field(default=2, ge=1, le=64)
 
     # -- runtime API keys (docs/API-KEYS.md) ----------------------------------------------------
     #: Seconds a worker may answer from its last lookup of a stored key: a revocation or an

@@ -8,10 +8,12 @@ never the other way round.
 
 from __future__ import annotations
 
+import ipaddress
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-__all__ = ["ALL_SCOPES", "SCOPES", "AuthUnavailable", "Principal", "TokenVerifier", "Unauthorized"]
+__all__ = ["ALL_SCOPES", "PEER", "SCOPES", "AuthUnavailable", "Principal", "TokenVerifier", "Unauthorized", "peer_key"]
 
 #: What a principal may do: read resources, watch them, write records, publish changes.
 SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
@@ -33,6 +35,26 @@ class Principal:
     def key(self) -> str:
         """The binding stored on a session: ``<tenant>/<subject>``."""
         return f"{self.tenant}/{self.subject}"
+
+
+#: Who sent the request being authenticated (``peer_key``), set by the edge: a verifier whose checks
+#: cost something (asking an authorization server) charges what a bad token costs to its sender.
+#: None outside a request, or for a client without an address.
+PEER: ContextVar[str | None] = ContextVar("mcp_broker_peer", default=None)
+
+
+def peer_key(host: str | None) -> str | None:
+    """The peer a client address belongs to: the address itself, or an IPv6 address's /64 (what one
+    host is usually given, so a new address from it is the same peer)."""
+    if not host:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 class Unauthorized(Exception):

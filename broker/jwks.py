@@ -14,6 +14,13 @@ between host and path, and OpenID's is also tried appended to the path) and keep
 * while the metadata or the keys cannot be had at all (the server is down at start), every
   check raises ``AuthUnavailable`` (a 503 with ``Retry-After``) and the next one tries again,
   at most once per ``FAILED_RETRY`` seconds; concurrent checks share one fetch.
+
+Each fetch has a total deadline (``fetch_timeout``), not only one per read: a server that sends
+a byte every few seconds never trips a read timeout, and would hold every check waiting for its
+keys. Past the deadline the fetch has failed like any other. A check waits for a fetch under way
+only when it needs what that fetch brings: not while the keys in hand have the token's key (a
+refresh of an old set), nor during an outage already seen (503 at once; one check at a time
+tries again).
 """
 
 from __future__ import annotations
@@ -81,10 +88,11 @@ class IssuerKeys:
     """The metadata and signing keys of one authorization server, fetched lazily and kept."""
 
     def __init__(self, issuer: str, http: httpx.AsyncClient, *, refresh_interval: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 fetch_timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.issuer = issuer
         self.http = http
         self.refresh_interval = refresh_interval
+        self.fetch_timeout = fetch_timeout
         self._clock = clock
         self._metadata: ServerMetadata | None = None
         self._keys: list[dict[str, Any]] | None = None
@@ -102,6 +110,7 @@ class IssuerKeys:
             AuthUnavailable: it cannot be had (now, or within the last ``FAILED_RETRY`` seconds).
         """
         if self._metadata is None:
+            self._unless_failing()
             async with self._lock:
                 return await self._metadata_locked()
         return self._metadata
@@ -129,7 +138,9 @@ class IssuerKeys:
         since = self._clock() - self._fetched_at
         unknown = keys is not None and kid is not None and not any(key.get("kid") == kid for key in keys)
         if keys is None or since >= MAX_AGE or (unknown and since >= self.refresh_interval):
-            await self._refresh()
+            if keys is None or unknown or not self._lock.locked():
+                await self._refresh()
+            # else: an old set is being fetched again, and the one in hand has this token's key
         return [parsed for key in self._keys or () if (parsed := self._fit(key, kid, alg)) is not None]
 
     async def _metadata_locked(self) -> ServerMetadata:
@@ -143,6 +154,8 @@ class IssuerKeys:
         return metadata
 
     async def _refresh(self) -> None:
+        if self._keys is None:
+            self._unless_failing()
         async with self._lock:
             if self._keys is not None and self._clock() - self._fetched_at < self.refresh_interval:
                 return  # another check fetched them meanwhile
@@ -185,6 +198,12 @@ class IssuerKeys:
                 return None
         return parsed
 
+    def _unless_failing(self) -> None:
+        """Raise at once while another check retries after a failure: during an outage, one waits for it."""
+        if self._lock.locked() and self._failed_at > -float("inf"):
+            raise AuthUnavailable("the authorization server cannot be reached to check the token",
+                                  round(FAILED_RETRY))
+
     def _backoff(self) -> None:
         """Raise at once while the last failure is recent: an outage costs the server one request a second."""
         wait = FAILED_RETRY - (self._clock() - self._failed_at)
@@ -213,9 +232,11 @@ class IssuerKeys:
         raise _Unreachable("; ".join(problems))
 
     async def _get(self, url: str) -> dict[str, Any]:
-        """A JSON object from ``url`` (no redirects followed, at most ``MAX_DOCUMENT_BYTES``)."""
+        """A JSON object from ``url`` (no redirects followed, at most ``MAX_DOCUMENT_BYTES``, all of it
+        within ``fetch_timeout`` seconds)."""
         try:
-            async with self.http.stream("GET", url, headers={"accept": "application/json"}) as response:
+            async with asyncio.timeout(self.fetch_timeout), \
+                    self.http.stream("GET", url, headers={"accept": "application/json"}) as response:
                 if response.status_code != 200:
                     raise _Unreachable(f"HTTP {response.status_code}")
                 body = bytearray()
@@ -223,6 +244,8 @@ class IssuerKeys:
                     body += chunk
                     if len(body) > MAX_DOCUMENT_BYTES:
                         raise _Unreachable(f"larger than {MAX_DOCUMENT_BYTES} bytes")
+        except TimeoutError:
+            raise _Unreachable(f"no complete answer within {self.fetch_timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise _Unreachable(f"{type(exc).__name__}: {exc}") from exc
         try:

@@ -10,7 +10,8 @@ its digest, and the digest found is compared again in constant time.
 ``KeyAdmin`` is what the CLI (the operator: any tenant) and the admin REST API (a tenant's
 admin, holding ``keys:admin``: only its tenant, and only scopes it holds itself) share.
 ``StoredKeys`` is the ``TokenVerifier``: it answers from a lookup at most ``key_cache_seconds``
-old, so a revocation or expiry stops new requests on every worker within that time; open
+old, of the key and of each key up its line of makers (``lineage_problem``), so a revocation or
+expiry stops new requests on every worker within that time; open
 streams end on their credential's expiry (a timer) or, once revoked, at the next check of the
 worker's Hub (``credential_check_seconds``, through ``StoredKeys.invalid``). docs/API-KEYS.md.
 """
@@ -22,7 +23,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -31,8 +32,8 @@ from broker.identity import SCOPES, Principal, Unauthorized
 from broker.scopes import ADMIN
 from broker.tenants import tenant_problem
 
-__all__ = ["ADMIN", "GRANTABLE", "PREFIX", "IssuedKey", "KeyAdmin", "KeyRefused", "StoredKeys", "digest_of",
-           "key_view", "parse_duration"]
+__all__ = ["ADMIN", "GRANTABLE", "MAX_LINEAGE", "PREFIX", "IssuedKey", "KeyAdmin", "KeyRefused", "StoredKeys",
+           "digest_of", "key_view", "lineage_problem", "parse_duration"]
 
 #: What every key starts with, and nothing else the broker accepts does.
 PREFIX: Final = "mcpb_"
@@ -53,6 +54,9 @@ _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
 #: The longest lifetime a key may be given: ten years.
 MAX_LIFETIME: Final = 10 * 365 * 86400
+#: Keys above a key in its line of makers, at most: each is a lookup when the key is checked.
+MAX_LINEAGE: Final = 16
+REVOKED_MAKER: Final = "a key that made this API key was revoked"
 
 
 def digest_of(key: str) -> str:
@@ -71,6 +75,24 @@ def parse_duration(text: str | float) -> float:
     if not 0 < seconds <= MAX_LIFETIME:
         raise ValueError(f"{text!r}: a key's lifetime is more than 0 seconds and at most ten years")
     return seconds
+
+
+async def lineage_problem(fetch: Callable[[str], Awaitable[KeyRecord | None]], maker: str | None) -> str | None:
+    """Why a key made by ``maker`` must not hold; None when it may (``fetch`` finds a key by id).
+
+    Every key up its line of makers must still exist unrevoked. Asked when a key is made and each
+    time one is looked up, so a key made by a revoked key stops working whenever it was made, and
+    whether or not the revocation's cascade reached it (a cascade cut short by a process that died,
+    a key made before makers were checked). Expiry needs no walk: no key outlives its maker.
+    """
+    for _ in range(MAX_LINEAGE):
+        if maker is None:
+            return None
+        record = await fetch(maker)
+        if record is None or record.revoked_at is not None:
+            return REVOKED_MAKER
+        maker = record.created_by
+    return None if maker is None else f"an API key made through more than {MAX_LINEAGE} keys is not accepted"
 
 
 class KeyRefused(Exception):
@@ -112,11 +134,12 @@ class KeyAdmin:
 
         ``by`` is the tenant admin asking (None: the operator): it may make keys of its own
         tenant only, with scopes it holds itself (by default, the data scopes it holds), that
-        expire no later than its own credential; a key made with a stored key is revoked with it.
+        expire no later than its own credential; a key made with a stored key is revoked with it,
+        and none is made once that key (or one of its makers) is revoked.
 
         Raises:
-            KeyRefused: 422 for a bad tenant, subject, scope or lifetime; 403 for another tenant
-                or a scope ``by`` does not hold.
+            KeyRefused: 422 for a bad tenant, subject, scope or lifetime; 403 for another tenant,
+                a scope ``by`` does not hold, or a revoked maker.
         """
         if (problem := tenant_problem(tenant)) is not None:
             raise KeyRefused(422, problem)
@@ -149,8 +172,26 @@ class KeyAdmin:
             record = KeyRecord(id=secrets.token_hex(8), digest=digest_of(key), tenant=tenant, subject=subject,
                                scopes=granted, created_at=now, expires_at=expires_at,
                                created_by=None if by is None else by.credential)
-            if await self.store.create(record):
+            if await self._stored(record):
                 return IssuedKey(key, record)
+
+    async def _stored(self, record: KeyRecord) -> bool:
+        """Store a new key; False when its id or digest is taken (draw again).
+
+        Its makers are asked of the store, not of a cache: the caller's own key may have been
+        revoked a moment ago. The store checks the direct maker again in the step that stores, so
+        a key is either made before its maker's revocation (and the cascade, which lists keys
+        after it revokes, finds it) or not at all.
+        """
+        if (problem := await lineage_problem(self._by_id, record.created_by)) is not None:
+            raise KeyRefused(403, f"no key can be made with this key: {problem}")
+        created = await self.store.create(record)
+        if created is None:
+            raise KeyRefused(403, f"no key can be made with this key: {REVOKED_MAKER}")
+        return created
+
+    async def _by_id(self, key_id: str) -> KeyRecord | None:
+        return (await self.store.get([key_id])).get(key_id)
 
     async def list(self, tenant: str | None, after: str = "", limit: int = PAGE) -> list[KeyRecord]:
         # One more than a page may be asked for: it says whether another page follows.
@@ -205,12 +246,14 @@ class StoredKeys:
         #: digest -> (monotonic time of the lookup, the record found). Only found keys are kept:
         #: a key made a moment ago on another worker works here at once.
         self._cache: dict[str, tuple[float, KeyRecord]] = {}
+        #: The same for the makers of keys, by id (``lineage_problem``).
+        self._makers: dict[str, tuple[float, KeyRecord]] = {}
 
     async def verify(self, token: str) -> Principal | None:
         """The key's principal; None for a token that is not a runtime key.
 
         Raises:
-            Unauthorized: a runtime key that is unknown, revoked or expired.
+            Unauthorized: a runtime key that is unknown, revoked or expired, or made by a revoked key.
             BackendUnavailable: the store could not be asked.
         """
         if not token.startswith(PREFIX):
@@ -225,11 +268,14 @@ class StoredKeys:
             raise Unauthorized("the API key was revoked")
         if not record.valid(self.clock()):
             raise Unauthorized("the API key has expired")
+        if (problem := await lineage_problem(self._maker, record.created_by)) is not None:
+            raise Unauthorized(problem)
         return Principal(record.tenant, record.subject, frozenset(record.scopes), record.expires_at, record.id)
 
     async def invalid(self, key_ids: Collection[str]) -> set[str]:
-        """Which of these stored keys no longer hold (revoked, expired, gone): the Hub's check of the
-        keys behind this worker's open streams, one store round trip.
+        """Which of these stored keys no longer hold (revoked, expired, gone, or made by a revoked key):
+        the Hub's check of the keys behind this worker's open streams, one store round trip (and the
+        lookups of their makers, cached as for requests).
 
         What it finds also refreshes the cached lookups, so once a stream of a revoked key ends
         here its client's reconnect is refused here too, not answered from the cache. Credentials
@@ -241,17 +287,31 @@ class StoredKeys:
         for record in found.values():
             if record.digest in self._cache:
                 self._cache[record.digest] = (fetched, record)
-        return {key_id for key_id in ours if key_id not in found or not found[key_id].valid(now)}
+            if record.id in self._makers:
+                self._makers[record.id] = (fetched, record)
+        return {key_id for key_id in ours if key_id not in found or not found[key_id].valid(now)
+                or await lineage_problem(self._maker, found[key_id].created_by) is not None}
 
     async def _lookup(self, digest: str) -> KeyRecord | None:
+        return await self._cached(self._cache, digest, self.store.find)
+
+    async def _maker(self, key_id: str) -> KeyRecord | None:
+        return await self._cached(self._makers, key_id, self._by_id)
+
+    async def _by_id(self, key_id: str) -> KeyRecord | None:
+        return (await self.store.get([key_id])).get(key_id)
+
+    async def _cached(self, cache: dict[str, tuple[float, KeyRecord]], name: str,
+                      fetch: Callable[[str], Awaitable[KeyRecord | None]]) -> KeyRecord | None:
+        """The record ``fetch`` finds for ``name``, from a lookup at most ``cache_seconds`` old."""
         now = self.monotonic()
-        cached = self._cache.get(digest)
+        cached = cache.get(name)
         if cached is not None and now - cached[0] < self.cache_seconds:
             return cached[1]
-        record = await self.store.find(digest)
-        self._cache.pop(digest, None)
+        record = await fetch(name)
+        cache.pop(name, None)
         if record is not None and self.cache_seconds > 0:
-            if len(self._cache) >= CACHE_ENTRIES:
-                del self._cache[next(iter(self._cache))]
-            self._cache[digest] = (now, record)
+            if len(cache) >= CACHE_ENTRIES:
+                del cache[next(iter(cache))]
+            cache[name] = (now, record)
         return record

@@ -13,8 +13,15 @@ server (``MCP_BROKER_OAUTH_ISSUER``):
   ``exp`` checks; answers are kept for at most ``INTROSPECTION_TTL`` seconds (never past the
   token's ``exp``), at most ``INTROSPECTION_CACHE`` of them. A refusal is kept too, for
   ``REFUSAL_TTL`` seconds, requests about one token share one question, and at most
-  ``INTROSPECTION_CONCURRENCY`` questions are in flight per worker: whoever sends made-up tokens
-  cannot turn each request into a request to the authorization server.
+  ``INTROSPECTION_CONCURRENCY`` questions are in flight per worker. A made-up token cannot be
+  told from a valid one not seen yet without asking, so what it costs is charged to its sender:
+  a peer (``broker.identity.PEER``: the client's address) whose token was refused in the last
+  ``REFUSAL_TTL`` seconds asks through a small pool of its own (``refused_peer_concurrency``),
+  and a flood of made-up tokens waits on itself while everyone else's questions go on. A token
+  that is not a bearer token at all (RFC 6750's characters) is refused without a question.
+
+Every request to the authorization server has a total deadline (``fetch_timeout``): a server
+that answers a byte at a time costs a 503, not a request that hangs.
 
 The claims become the ``Principal``: the tenant from the claim ``MCP_BROKER_OAUTH_TENANT_CLAIM``
 (a valid tenant name, ``broker.tenants``), the subject from ``sub``, the scopes from ``scope`` (a
@@ -32,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -43,7 +51,7 @@ import jwt
 import orjson
 
 from broker.config import Settings
-from broker.identity import AuthUnavailable, Principal, Unauthorized
+from broker.identity import PEER, AuthUnavailable, Principal, Unauthorized
 from broker.jwks import ALGORITHMS, IssuerKeys
 from broker.tenants import TENANT_RULE, tenant_problem
 
@@ -59,9 +67,13 @@ INTROSPECTION_CACHE: Final = 10_000
 #: Seconds a refused token's answer is kept; questions to the introspection endpoint in flight at once.
 REFUSAL_TTL: Final = 10.0
 INTROSPECTION_CONCURRENCY: Final = 16
+#: Peers whose token was refused that a worker remembers (the least recently refused go first).
+REFUSED_PEERS: Final = 10_000
+#: What a bearer token may be (RFC 6750 §2.1, ``b64token``): anything else is no token of any server.
+_B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 #: The latest ``exp`` a token may carry (Unix seconds, year 5138): beyond it, not a time.
 MAX_EXP: Final = 1e11
-#: Seconds a request to the authorization server may take.
+#: Seconds a request to the authorization server may take in all (``MCP_BROKER_OAUTH_FETCH_TIMEOUT``).
 HTTP_TIMEOUT: Final = 5.0
 #: The broker's own stored API keys start with this: never an OAuth token, never sent to the server.
 STORED_KEY_PREFIX: Final = "mcpb_"
@@ -89,6 +101,7 @@ class OAuthTokens:
     def __init__(self, issuer: str, audience: str, *, tenant_claim: str = "tenant", leeway: float = 30.0,
                  refresh_interval: float = 30.0, introspection_url: str | None = None, introspect: bool = False,
                  client_id: str = "", client_secret: str = "", http: httpx.AsyncClient | None = None,
+                 fetch_timeout: float = HTTP_TIMEOUT, refused_peer_concurrency: int = 2,
                  clock: Callable[[], float] = time.time) -> None:
         self.issuer = issuer
         self.audience = audience
@@ -97,13 +110,17 @@ class OAuthTokens:
         self.introspection_url = introspection_url or None
         self.introspects = introspect or self.introspection_url is not None
         self._client_auth = (client_id, client_secret) if client_id else None
+        self.fetch_timeout = fetch_timeout
         self._owns_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False)
-        self.keys = IssuerKeys(issuer, self.http, refresh_interval=refresh_interval)
+        self.http = http or self._new_http()
+        self.keys = IssuerKeys(issuer, self.http, refresh_interval=refresh_interval, fetch_timeout=fetch_timeout)
         self._clock = clock
         self._cache: OrderedDict[str, tuple[Principal | str, float]] = OrderedDict()
         self._asking: dict[str, asyncio.Task[Principal]] = {}
         self._questions = asyncio.Semaphore(INTROSPECTION_CONCURRENCY)
+        #: The pool of the questions of refused peers, and until when each peer is one.
+        self._refused_questions = asyncio.Semaphore(refused_peer_concurrency)
+        self._refused_peers: OrderedDict[str, float] = OrderedDict()
         self._prefetch: asyncio.Task[None] | None = None
 
     @classmethod
@@ -111,7 +128,9 @@ class OAuthTokens:
         return cls(settings.oauth_issuer, settings.oauth_audience, tenant_claim=settings.oauth_tenant_claim,
                    leeway=settings.oauth_leeway, refresh_interval=settings.oauth_jwks_refresh_interval,
                    introspection_url=settings.oauth_introspection_url, introspect=settings.oauth_introspection,
-                   client_id=settings.oauth_client_id, client_secret=settings.oauth_client_secret, http=http)
+                   client_id=settings.oauth_client_id, client_secret=settings.oauth_client_secret, http=http,
+                   fetch_timeout=settings.oauth_fetch_timeout,
+                   refused_peer_concurrency=settings.oauth_refused_peer_concurrency)
 
     async def start(self) -> None:
         """Fetch the server's metadata and keys in the background: the broker starts whether it answers or not."""
@@ -122,9 +141,12 @@ class OAuthTokens:
             self._prefetch.cancel()
             await asyncio.gather(self._prefetch, return_exceptions=True)
         if self._owns_http:  # a client of its own, again, should the broker start again
-            http, self.http = self.http, httpx.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=False)
+            http, self.http = self.http, self._new_http()
             self.keys.http = self.http
             await http.aclose()
+
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self.fetch_timeout, follow_redirects=False)
 
     async def verify(self, token: str) -> Principal | None:
         if token.startswith(STORED_KEY_PREFIX):
@@ -133,6 +155,8 @@ class OAuthTokens:
         if header is not None and (not self.introspects or (await self.keys.metadata()).jwks_uri is not None):
             return await self._verify_jwt(token, header)
         if self.introspects:
+            if not _B64TOKEN.fullmatch(token):
+                raise Unauthorized("the bearer token has characters no token has (RFC 6750)")
             return await self._introspect(token)
         return None  # not a JWT, and nothing to ask about it: some other verifier's, or nobody's
 
@@ -174,11 +198,12 @@ class OAuthTokens:
 
     async def _introspect(self, token: str) -> Principal:
         digest = hashlib.sha256(token.encode()).hexdigest()  # the cache keeps no token itself
-        now = self._clock()
+        now, peer = self._clock(), PEER.get()
         hit = self._cache.get(digest)
         if hit is not None:
             if now < hit[1]:
                 if isinstance(hit[0], str):
+                    self._refused(peer)
                     raise Unauthorized(hit[0])
                 return hit[0]
             del self._cache[digest]
@@ -186,21 +211,35 @@ class OAuthTokens:
         if asking is None:
             # One question per token, in a task of its own: requests about the same token share
             # it, and a request that goes away does not cancel it for the others.
-            asking = asyncio.get_running_loop().create_task(self._introspect_now(token, digest))
+            refused = peer is not None and self._refused_peers.get(peer, -1.0) > now
+            pool = self._refused_questions if refused else self._questions
+            asking = asyncio.get_running_loop().create_task(self._introspect_now(token, digest, pool))
             self._asking[digest] = asking
             asking.add_done_callback(lambda task: self._asked(digest, task))
-        return await asyncio.shield(asking)
+        try:
+            return await asyncio.shield(asking)
+        except Unauthorized:
+            self._refused(peer)
+            raise
+
+    def _refused(self, peer: str | None) -> None:
+        """``peer`` sent a refused token: its next questions, for ``REFUSAL_TTL`` seconds, go to its pool."""
+        if peer is not None:
+            self._refused_peers[peer] = self._clock() + REFUSAL_TTL
+            self._refused_peers.move_to_end(peer)
+            while len(self._refused_peers) > REFUSED_PEERS:
+                self._refused_peers.popitem(last=False)
 
     def _asked(self, digest: str, task: asyncio.Task[Principal]) -> None:
         self._asking.pop(digest, None)
         if not task.cancelled():
             task.exception()  # seen here, should every request that waited for it have gone away
 
-    async def _introspect_now(self, token: str, digest: str) -> Principal:
+    async def _introspect_now(self, token: str, digest: str, pool: asyncio.Semaphore) -> Principal:
         url = self.introspection_url or (await self.keys.metadata()).introspection_endpoint
         if url is None:
             raise AuthUnavailable("the authorization server names no introspection endpoint", 60)
-        async with self._questions:
+        async with pool:
             claims = await self._ask(url, token)
         now = self._clock()
         try:
@@ -222,11 +261,12 @@ class OAuthTokens:
     async def _ask(self, url: str, token: str) -> dict[str, Any]:
         """The introspection endpoint's answer about ``token`` (RFC 7662 §2)."""
         try:
-            response = await self.http.post(url, data={"token": token, "token_type_hint": "access_token"},
-                                            auth=self._client_auth or httpx.USE_CLIENT_DEFAULT,
-                                            headers={"accept": "application/json"})
+            async with asyncio.timeout(self.fetch_timeout):
+                response = await self.http.post(url, data={"token": token, "token_type_hint": "access_token"},
+                                                auth=self._client_auth or httpx.USE_CLIENT_DEFAULT,
+                                                headers={"accept": "application/json"})
             answer = orjson.loads(response.content) if response.status_code == 200 else None
-        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+        except (httpx.HTTPError, orjson.JSONDecodeError, TimeoutError) as exc:
             logger.warning("token introspection at %s failed: %s: %s", url, type(exc).__name__, exc)
             raise AuthUnavailable("the authorization server cannot be reached to check the token") from None
         if not isinstance(answer, dict):

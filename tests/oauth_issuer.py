@@ -10,12 +10,17 @@
 * ``/introspect`` (RFC 7662) for opaque tokens registered with ``opaque``, asked by a resource
   server with its own client credentials.
 
+Faults a test may turn on: ``introspection_delay`` (seconds each introspection answer takes, as
+from a server far away or busy) and ``trickle`` (the key set sent one byte every that many
+seconds, a server that accepts connections but hardly answers).
+
 ``IssuerServer`` runs the app with uvicorn in a thread, on a loopback port chosen up front, so a
 test can point a broker at it before it listens (the "down at start" case) and start it later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -33,7 +38,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.support import free_port, wait_until
@@ -64,6 +69,9 @@ class Authority:
         self.opaque_tokens: dict[str, dict[str, Any]] = {}
         #: What the server was asked: ("token", form) and ("introspect", token) in order.
         self.requests: list[tuple[str, Any]] = []
+        #: Faults: seconds each introspection answer takes; seconds between the key set's bytes.
+        self.introspection_delay = 0.0
+        self.trickle: float | None = None
         self.app = Starlette(routes=[
             Route("/.well-known/oauth-authorization-server", self._metadata),
             Route("/jwks", self._jwks),
@@ -137,7 +145,16 @@ class Authority:
         for kid, (private, alg) in list(self.keys.items()):
             to_jwk = RSAAlgorithm.to_jwk if alg.startswith("RS") else ECAlgorithm.to_jwk
             keys.append({**to_jwk(private.public_key(), as_dict=True), "kid": kid, "alg": alg, "use": "sig"})
+        if self.trickle is not None:
+            return StreamingResponse(self._trickled(json.dumps({"keys": keys}).encode(), self.trickle),
+                                     media_type="application/json")
         return JSONResponse({"keys": keys})
+
+    @staticmethod
+    async def _trickled(body: bytes, every: float) -> Any:
+        for byte in body:
+            yield bytes([byte])
+            await asyncio.sleep(every)
 
     def _client(self, request: Request, form: dict[str, str]) -> tuple[str, Client] | None:
         client_id, secret = form.get("client_id"), form.get("client_secret")
@@ -170,6 +187,8 @@ class Authority:
     async def _introspect(self, request: Request) -> Response:
         form = {name: str(value) for name, value in (await request.form()).items()}
         self.requests.append(("introspect", form.get("token")))
+        if self.introspection_delay:
+            await asyncio.sleep(self.introspection_delay)
         basic = request.headers.get("authorization", "")
         expected = "Basic " + base64.b64encode(":".join(INTROSPECTOR).encode()).decode()
         if not secrets.compare_digest(basic, expected):

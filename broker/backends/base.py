@@ -266,8 +266,10 @@ class Leases(Protocol):
 class Credentials(Protocol):
     """Runtime API keys, by id and by the digest of the key (docs/BACKENDS.md, "Credentials")."""
 
-    async def create(self, record: KeyRecord) -> bool:
-        """Store a new key; False, storing nothing, when a key with its id or digest exists."""
+    async def create(self, record: KeyRecord) -> bool | None:
+        """Store a new key; False, storing nothing, when a key with its id or digest exists; None,
+        storing nothing, when the key ``record.created_by`` names is gone or revoked (checked in the
+        same step, so no key made after its maker's revocation escapes the revocation's cascade)."""
 
     async def find(self, digest: str) -> KeyRecord | None:
         """The key whose digest this is, revoked and expired ones included; None when there is none."""

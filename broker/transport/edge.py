@@ -23,6 +23,7 @@ from starlette.types import Scope
 from broker import scopes
 from broker.auth import Authenticator, AuthUnavailable, Principal, Unauthorized
 from broker.errors import BackendUnavailable
+from broker.identity import PEER, peer_key
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 
@@ -165,6 +166,8 @@ class Edge:
             return refusal(style, 403, "Forbidden: Origin not allowed" if style is Style.RPC else "Origin not allowed")
         if not authenticate:
             return None
+        client = scope.get("client")
+        PEER.set(peer_key(client[0] if client else None))  # each request runs in a task of its own
         try:
             scope[PRINCIPAL] = await self.authenticator.authenticate(Headers(scope=scope))
         except Unauthorized as exc:

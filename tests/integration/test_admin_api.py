@@ -210,3 +210,37 @@ async def test_without_stored_keys_there_is_no_admin_api() -> None:
     with BrokerProcess() as anonymous:  # no credentials configured: everyone is anonymous
         assert httpx.get(anonymous.url + "/admin/keys").status_code == 404
         assert httpx.post(anonymous.url + "/admin/keys", json={"subject": "x"}).status_code == 404
+
+
+async def test_keys_minted_while_their_maker_is_revoked_never_stay_active(http: httpx.AsyncClient) -> None:
+    """A holder who keeps minting while its key is revoked keeps nothing: the worker still answers from
+    its cached lookup of the revoked key for a moment, but a key made after the revocation is refused
+    when it is made, and one made before it is revoked with it."""
+    maker = await make(http, scopes=["resources:read", "keys:admin"])
+    minted: list[dict[str, Any]] = []
+    refusals: list[int] = []
+
+    async def mint(client: httpx.AsyncClient) -> None:
+        while True:
+            answer = await client.post("/admin/keys", json={"subject": "m", "scopes": ["resources:read"]},
+                                       headers=bearer(maker["key"]))
+            if answer.status_code != 201:
+                refusals.append(answer.status_code)
+                return
+            minted.append(answer.json())
+
+    async with httpx.AsyncClient(base_url=str(http.base_url), timeout=10) as minter:
+        minting = [asyncio.create_task(mint(minter)) for _ in range(8)]
+        while len(minted) < 8:  # under way
+            await asyncio.sleep(0.01)
+        assert (await http.delete(f"/admin/keys/{maker['id']}")).status_code == 200
+        revoked_with_it = len(minted)
+        await asyncio.gather(*minting)
+    made = [k for k in (await http.get("/admin/keys", params={"limit": 1000})).json()["keys"]
+            if k["created_by"] == maker["id"]]
+    active = [k["id"] for k in made if k["state"] != "revoked"]
+    print(f"{len(minted)} keys minted ({len(minted) - revoked_with_it} after the revocation answered), "
+          f"{len(active)} still active; minting ended with {sorted(set(refusals))}")
+    assert not active
+    for key in minted:
+        assert (await http.get("/collections", headers=bearer(key["key"]))).status_code == 401

@@ -15,6 +15,7 @@ from broker.app import create_app
 from broker.auth import AuthUnavailable, Bearer, Principal, Unauthorized, authenticator_for
 from broker.cli import _settings_problems
 from broker.config import Settings
+from broker.identity import PEER
 from broker.jwks import FAILED_RETRY, IssuerKeys, discovery_urls
 from broker.oauth import OAuthTokens, metadata_paths, metadata_url
 from broker.runtime import Broker
@@ -190,6 +191,80 @@ async def test_a_refused_token_is_remembered_and_one_token_is_asked_about_once_a
     answers = await asyncio.gather(*(tokens.verify(good) for _ in range(20)))
     assert set(answers) == {Principal("globex", "carol")}
     assert transport.paths.count("/introspect") == 2
+
+
+class Held(Counting):
+    """The authority's app, but a request for a path in ``held`` (an introspection: of a token
+    starting ``made-up``) waits until ``release`` is set."""
+
+    def __init__(self, authority: Authority, *held: str) -> None:
+        super().__init__(authority)
+        self.held = set(held)
+        self.release = asyncio.Event()
+        self.waiting = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path in self.held and (path != "/introspect" or b"made-up" in await request.aread()):
+            self.waiting += 1
+            await self.release.wait()
+        return await super().handle_async_request(request)
+
+
+async def test_a_peer_whose_token_was_refused_asks_through_a_small_pool_of_its_own(authority: Authority) -> None:
+    """While a flood of made-up tokens from one address waits on the server, another address's valid
+    token, never seen before, is asked about at once (not behind the flood in the shared places)."""
+    transport = Held(authority, "/introspect")
+    async with httpx.AsyncClient(transport=transport) as http:
+        tokens = OAuthTokens(ISSUER, AUDIENCE, http=http, introspection_url=ISSUER + "/introspect",
+                             client_id=INTROSPECTOR[0], client_secret=INTROSPECTOR[1], refused_peer_concurrency=2)
+
+        async def verify(token: str, peer: str) -> Principal | None:
+            PEER.set(peer)  # as the edge does, in the request's own task
+            return await tokens.verify(token)
+
+        with pytest.raises(Unauthorized, match="not active"):
+            await verify("opaque-never-issued", "192.0.2.7")  # refused: that peer's questions go to its pool
+        flood = [asyncio.create_task(verify(f"made-up-{n}", "192.0.2.7")) for n in range(40)]
+        valid = authority.opaque(tenant="acme", sub="dora")
+        assert await asyncio.wait_for(verify(valid, "198.51.100.1"), 5) == Principal("acme", "dora")
+        assert transport.waiting == 2  # the flood holds its two places, and no more
+        transport.release.set()
+        refused = await asyncio.gather(*flood, return_exceptions=True)
+        assert all(isinstance(answer, Unauthorized) for answer in refused)
+
+
+async def test_what_is_no_bearer_token_is_refused_without_a_question(
+        wired: tuple[OAuthTokens, Counting, Clock]) -> None:
+    tokens, transport, _ = wired
+    with pytest.raises(Unauthorized, match="RFC 6750"):
+        await tokens.verify("not a token")
+    assert "/introspect" not in transport.paths
+
+
+async def test_checks_do_not_wait_for_a_refresh_of_an_old_key_set_that_has_their_key(
+        authority: Authority) -> None:
+    transport, clock = Held(authority), Clock()
+    async with httpx.AsyncClient(transport=transport) as http:
+        tokens = OAuthTokens(ISSUER, AUDIENCE, http=http)
+        tokens.keys = IssuerKeys(ISSUER, http, clock=clock)
+        assert await tokens.verify(authority.mint()) is not None
+        transport.held.add("/jwks")  # the server stops answering for its keys
+        clock.now += 4000  # the set is old: the next check fetches it again
+        refreshing = asyncio.create_task(tokens.verify(authority.mint()))
+        while not transport.waiting:
+            await asyncio.sleep(0)
+        assert await asyncio.wait_for(tokens.verify(authority.mint()), 5) is not None  # the keys in hand serve
+        transport.release.set()
+        assert await refreshing is not None
+
+
+async def test_a_fetch_that_never_completes_is_unavailable_after_its_deadline(authority: Authority) -> None:
+    transport = Held(authority, "/jwks")
+    async with httpx.AsyncClient(transport=transport) as http:
+        tokens = OAuthTokens(ISSUER, AUDIENCE, http=http, fetch_timeout=0.2)
+        with pytest.raises(AuthUnavailable):
+            await asyncio.wait_for(tokens.verify(authority.mint()), 5)
 
 
 @pytest.mark.parametrize("exp", ["99999999999", True, 1e12])

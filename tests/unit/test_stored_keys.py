@@ -14,7 +14,7 @@ from broker.auth import SCOPES, Principal, Unauthorized, authenticator_for
 from broker.backends.memory.credentials import MemoryCredentials
 from broker.config import Settings
 from broker.delivery.stream import EndReason
-from broker.keys import KeyAdmin, KeyRefused, StoredKeys, parse_duration
+from broker.keys import MAX_LINEAGE, KeyAdmin, KeyRefused, StoredKeys, parse_duration
 from broker.protocol.jsonrpc import parse_message
 from broker.runtime import Broker
 from tests.integration.modern import request
@@ -125,6 +125,46 @@ async def test_a_tenant_admin_stays_in_its_tenant_and_within_its_scopes() -> Non
     with pytest.raises(KeyRefused) as twice:
         await admin.revoke(mine.record.id, None)
     assert twice.value.status == 409
+
+
+async def test_a_key_whose_maker_was_revoked_stops_working_even_where_no_cascade_reached_it() -> None:
+    """The cascade that revokes a maker's keys may not have run (it was cut short, or a key was made
+    by an older version after it ran): each use asks about the makers too, so the key still stops,
+    on requests within the cache period and on the Hub's check of its streams."""
+    store, clock = MemoryCredentials(), Clock()
+    admin = KeyAdmin(store)
+    root = await admin.create("acme", "root", ["resources:read", "keys:admin"])
+    root_principal = Principal("acme", "root", frozenset({"resources:read", "keys:admin"}), credential=root.record.id)
+    child = await admin.create("acme", "child", ["resources:read", "keys:admin"], by=root_principal)
+    grandchild = await admin.create("acme", "grandchild", ["resources:read"], by=Principal(
+        "acme", "child", frozenset({"resources:read", "keys:admin"}), credential=child.record.id))
+    keys = StoredKeys(store, 2.0, monotonic=clock)
+    assert await keys.verify(grandchild.key) is not None
+    assert await keys.invalid([grandchild.record.id]) == set()
+    await store.revoke(root.record.id, time.time())  # the store alone: no cascade
+    clock.now += 2.1
+    for key in (child.key, grandchild.key):
+        with pytest.raises(Unauthorized, match="made this API key was revoked"):
+            await keys.verify(key)
+    assert await keys.invalid([child.record.id, grandchild.record.id]) == {child.record.id, grandchild.record.id}
+    with pytest.raises(KeyRefused, match="revoked") as refused:  # and it makes nothing more, cache or not
+        await admin.create("acme", "x", ["resources:read"], by=Principal(
+            "acme", "child", frozenset({"resources:read", "keys:admin"}), credential=child.record.id))
+    assert refused.value.status == 403
+
+
+async def test_a_line_of_makers_is_bounded() -> None:
+    store = MemoryCredentials()
+    admin = KeyAdmin(store)
+    scopes = frozenset({"resources:read", "keys:admin"})
+    maker = None
+    for depth in range(MAX_LINEAGE + 1):
+        by = None if maker is None else Principal("acme", "a", scopes, credential=maker.record.id)
+        maker = await admin.create("acme", "a", sorted(scopes), by=by)
+        assert await StoredKeys(store, 0).verify(maker.key) is not None, depth
+    with pytest.raises(KeyRefused, match="more than 16 keys"):
+        await admin.create("acme", "a", ["resources:read"], by=Principal("acme", "a", scopes,
+                                                                         credential=maker.record.id))
 
 
 def test_durations() -> None:

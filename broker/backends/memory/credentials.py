@@ -24,7 +24,11 @@ class MemoryCredentials:
         #: Every id, sorted, for ordered paging.
         self._ids: list[str] = []
 
-    async def create(self, record: KeyRecord) -> bool:
+    async def create(self, record: KeyRecord) -> bool | None:
+        if record.created_by is not None:
+            maker = self._by_id.get(record.created_by)
+            if maker is None or maker.revoked_at is not None:
+                return None
         if record.id in self._by_id or record.digest in self._by_digest:
             return False
         self._by_id[record.id] = record

@@ -1,12 +1,13 @@
 """Runtime API keys on Redis (``base.Credentials``): a hash per key, found by its digest.
 
 Every key lives under the hash tag ``{k}`` (``keys.py``), so ``credential_create.lua`` stores the
-record, the digest -> id entry and both id indexes in one atomic step (a Cluster runs it in one
-slot: keys are few, written by hand, and read once per worker per cache period), and
-``credential_revoke.lua`` revokes a key once. Fields: ``h`` digest, ``t`` tenant, ``s`` subject,
-``sc`` scopes (space separated), ``c`` created, ``e`` expires (absent: never), ``r`` revoked
-(absent: not revoked), ``b`` the id of the key that made it (absent: the operator); times as
-``repr`` of their float, so they read back exactly.
+record, the digest -> id entry and both id indexes in one atomic step, after checking that the
+key's maker (if any) exists unrevoked (a Cluster runs it in one slot: keys are few, written by
+hand, and read once per worker per cache period), and ``credential_revoke.lua`` revokes a key
+once. Fields: ``h`` digest, ``t`` tenant, ``s`` subject, ``sc`` scopes (space separated), ``c``
+created, ``e`` expires (absent: never), ``r`` revoked (absent: not revoked), ``b`` the id of the
+key that made it (absent: the operator); times as ``repr`` of their float, so they read back
+exactly.
 """
 
 from __future__ import annotations
@@ -59,15 +60,16 @@ class RedisCredentials:
         self._create: AsyncScript = client.register_script(source("credential_create"))
         self._revoke: AsyncScript = client.register_script(source("credential_revoke"))
 
-    async def create(self, record: KeyRecord) -> bool:
+    async def create(self, record: KeyRecord) -> bool | None:
         keys = self.keys
+        maker = [] if record.created_by is None else [keys.credential(record.created_by)]
         with unavailable("credentials.create"):
-            created = await self._durable.run(
+            created = int(await self._durable.run(
                 self.client, self._create,
                 [keys.credential(record.id), keys.credential_digest(record.digest), keys.credential_ids(),
-                 keys.credential_ids(record.tenant)],
-                [record.id, record.digest, *_fields(record)])
-        return bool(int(created))
+                 keys.credential_ids(record.tenant), *maker],
+                [record.id, record.digest, *_fields(record)]))
+        return None if created < 0 else bool(created)
 
     async def find(self, digest: str) -> KeyRecord | None:
         with unavailable("credentials.find"):
