@@ -217,7 +217,7 @@ async def test_after_a_failover_the_backend_works_on_the_promoted_replica_with_i
         # Sessions come to be created on the new master, not on the old one (Sentinel leaves it
         # a writable master for about ten seconds more, then drops its data): within a second
         # or two, since a connection dropped in use reconnects to the master the pool knows
-        # (``connection._FollowsMaster``); the bound is wide for a slow machine.
+        # (``sentinel._FollowsMaster``); the bound is wide for a slow machine.
         async with Redis(port=new) as on_new:
             async def lands_on_new_master() -> bool | None:
                 fresh = SessionRecord(id=secrets.token_urlsafe(16), tenant="t1", principal="t1/bob",

@@ -2,8 +2,8 @@
 
 * ``redis://`` and ``rediss://`` (TLS): one server.
 * ``redis+sentinel://host:port[,host:port...]/<service>[/<db>]``: the master Sentinel names,
-  found again after a failover (``redis.asyncio.sentinel``, asked again every second: see
-  :class:`_SentinelMasterPool`).
+  found again after a failover (``redis.asyncio.sentinel``, asked again every half second:
+  see ``sentinel.SentinelMasterPool``).
 * ``redis+cluster://host:port[,host:port...]``: Redis Cluster (``redis.asyncio.cluster``);
   ``rediss+cluster://`` with TLS.
 
@@ -34,22 +34,22 @@ import asyncio
 import contextlib
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as rexc
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from broker.backends.redis.multiplex import Multiplexed, Server
 from broker.backends.redis.pool import QuickPool
+from broker.backends.redis.sentinel import SentinelMasterPool
 from broker.config import Settings
 from broker.errors import BackendUnavailable
 
@@ -226,124 +226,6 @@ def _discarding(connection_class: Any) -> Any:
     return _DISCARDING[connection_class]
 
 
-#: How often a Sentinel client asks which server is the master, besides on every reconnect.
-SENTINEL_RECHECK = 0.5
-
-
-class _FollowsMaster(SentinelManagedConnection):
-    """A connection to Sentinel's master that reconnects to the master its pool knows now.
-
-    redis-py's Sentinel connection looks the master up in ``connect`` only; a connection
-    dropped in use (a failed command, or the pool dropping it after a failover) reconnects in
-    ``send_packed_command`` through ``connect_check_health``, to the host and port it had. After
-    a failover that was the old master, still writable for about ten seconds until Sentinel
-    demotes it: commands retried there were acknowledged and then lost (measured: writes to the
-    old master for 11 s after the promotion, against 1.5 s for a pool's new connections).
-    """
-
-    connection_pool: Any
-
-    async def _connect(self) -> None:
-        address = self.connection_pool.master_address
-        if self.connection_pool.is_master and address is not None:
-            self.host, self.port = address
-        await super()._connect()  # type: ignore[no-untyped-call]
-
-
-class _SentinelMasterPool(SentinelConnectionPool):
-    """The master's connections, dropped as soon as Sentinel names another master.
-
-    redis-py asks Sentinel only when it opens a connection, and then drops only its idle
-    connections. After a failover the old master stays a writable master until Sentinel turns
-    it into a replica (about ten seconds later), so connections in use at the failover would
-    keep writing there, all of it lost when it resynchronises.
-
-    Every ``SENTINEL_RECHECK`` seconds, a checkout starts a check in the background (a slow
-    Sentinel never holds up a command). When the master differs from the one the last check
-    found, the check closes every connection, in use or not (commands are retried on the new
-    master), and those of ``followers`` too: the pub/sub client's, so its reader resubscribes
-    on the new master. Closing the pool closes the connections to the Sentinels as well
-    (redis-py leaves them open).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-        self.connection_class = _discarding(type(f"Following{self.connection_class.__name__}",
-                                                 (_FollowsMaster, self.connection_class), {}))
-        self.followers: list[ConnectionPool] = []
-        self._next_check = time.monotonic() + SENTINEL_RECHECK
-        #: The master the last check found (or the first connection used); redis-py's own
-        #: ``master_address`` moves whenever any connection is opened, so it cannot tell.
-        self._checked: Any = None
-        self._check: asyncio.Task[None] | None = None
-
-    async def _master(self) -> Any:
-        """The master as Sentinel names it to clients (``SENTINEL GET-MASTER-ADDR-BY-NAME``).
-
-        During a failover that names the promoted replica as soon as it is promoted, where
-        ``SENTINEL MASTERS`` (redis-py's ``discover_master``) names the old master until the
-        failover ends, up to ``failover-timeout`` later: writes made there meanwhile are lost
-        when it becomes a replica. A master that is down and not being replaced is left to
-        ``discover_master``, which refuses it.
-        """
-        for sentinel in self.sentinel_manager.sentinels:
-            try:
-                state = await sentinel.sentinel_master(self.service_name)
-                found = await sentinel.sentinel_get_master_addr_by_name(self.service_name)
-            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError):
-                continue
-            if not found:
-                continue
-            host, port = found
-            address = (host.decode() if isinstance(host, bytes) else host), int(port)
-            if address != (state.get("ip"), state.get("port")):
-                return address  # the replica being promoted
-            if not (state.get("is_sdown") or state.get("is_odown")):
-                return address
-        return await self.sentinel_manager.discover_master(self.service_name)
-
-    async def get_master_address(self) -> Any:
-        address = await self._master()
-        if self.is_master and self.master_address != address:
-            # As redis-py does: idle connections reconnect to the new master when next used.
-            self.master_address = address
-            await self.disconnect(inuse_connections=False)
-        if self._checked is None:
-            self._checked = address
-        return address
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        now = time.monotonic()
-        if now >= self._next_check and self._checked is not None and (self._check is None or self._check.done()):
-            self._next_check = now + SENTINEL_RECHECK
-            self._check = asyncio.create_task(self._recheck())
-        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-    async def _recheck(self) -> None:
-        try:
-            address = await self._master()
-        except (rexc.ConnectionError, rexc.TimeoutError):
-            return  # an unreachable Sentinel is no reason to drop anything: keep the master we know
-        if address == self._checked:
-            return
-        self._checked = address
-        for pool in (self, *self.followers):
-            pool.master_address = address  # where their dropped connections reconnect (_FollowsMaster)
-            try:
-                await pool.disconnect()
-            except (rexc.RedisError, OSError):
-                pass  # a connection that fails to close is gone all the same
-
-    async def aclose(self) -> None:
-        if self._check is not None:
-            self._check.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._check
-        await super().aclose()
-        for sentinel in self.sentinel_manager.sentinels:
-            await sentinel.aclose()
-
-
 def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
     url = settings.redis_url
     parts = urlsplit(url)
@@ -374,8 +256,10 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
                            "socket_connect_timeout": settings.redis_connect_timeout}
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **common)
-        client = sentinel.master_for(path[0], redis_class=Redis, connection_pool_class=_SentinelMasterPool, db=db,
+        client = sentinel.master_for(path[0], redis_class=Redis, connection_pool_class=SentinelMasterPool, db=db,
                                      ssl=scheme.startswith("rediss"), **creds)
+        pool = client.connection_pool
+        pool.connection_class = _discarding(pool.connection_class)
         return client, False
     if scheme in ("redis+cluster", "rediss+cluster"):
         nodes = [ClusterNode(host, port) for host, port in _hosts(parts.netloc, 6379)]
@@ -399,6 +283,7 @@ def open_clients(settings: Settings, factory: ClientFactory | None = None) -> Cl
     commands, cluster = _make(settings, pubsub=False)
     pubsub, _ = _make(settings, pubsub=True)
     if (isinstance(commands, Redis) and isinstance(pubsub, Redis)  # a RedisCluster has no pool
-            and isinstance(commands.connection_pool, _SentinelMasterPool)):
+            and isinstance(commands.connection_pool, SentinelMasterPool)
+            and isinstance(pubsub.connection_pool, SentinelMasterPool)):
         commands.connection_pool.followers.append(pubsub.connection_pool)
     return Clients(commands, pubsub, cluster)
