@@ -47,6 +47,9 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_URL: Final = 2048
 #: Threads resolving callback host names, per worker: lookups beyond them wait (under the same deadline).
 RESOLVERS: Final = 4
+#: Special-purpose ranges that Python's ``ipaddress`` (3.11) still reads as global: deprecated
+#: site-local IPv6, IPv6 documentation (RFC 9637), and the deprecated 6to4 relay anycast.
+REFUSED: Final = tuple(ipaddress.ip_network(n) for n in ("fec0::/10", "3fff::/20", "192.88.99.0/24"))
 
 
 class CallbackRefused(Exception):
@@ -91,7 +94,8 @@ def _refused_address(address: IPAddress) -> bool:
     # An IPv4 address inside IPv6 (mapped, or 6to4's 2002::/16) is reached as that IPv4 address.
     if isinstance(address, ipaddress.IPv6Address):
         address = address.ipv4_mapped or address.sixtofour or address
-    return not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified
+    return (not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified
+            or any(address in network for network in REFUSED))
 
 
 class Callbacks:

@@ -29,6 +29,9 @@ def callbacks(*allow: str, **settings: Any) -> Callbacks:
     "https://169.254.169.254/latest/meta-data", "https://100.64.0.1/h", "https://0.0.0.0/h", "https://224.0.0.1/h",
     "https://[::1]/h", "https://[fc00::1]/h", "https://[fe80::1]/h", "https://[::ffff:127.0.0.1]/h",
     "https://240.0.0.1/h", "https://localhost/h", "https://[2002:7f00:1::]/h", "https://[2002:a00:1::]/h",
+    # Special-purpose ranges Python 3.11's ipaddress reads as global: site-local, documentation, 6to4 relay.
+    "https://[fec0::1]/h", "https://[feff:ffff::1]/h", "https://[3fff::1]/h", "https://[3fff:fff:ffff::1]/h",
+    "https://192.88.99.1/h", "https://[2002:c058:6301::]/h",
 ])
 async def test_non_public_addresses_are_refused_by_default(url: str) -> None:
     with pytest.raises(CallbackRefused):
