@@ -137,7 +137,7 @@ class WebhookSubscriptions:
         if existing is not None:
             await self.end(existing, expired_by=now)  # lapsed, not yet cleaned up (kept if refreshed meanwhile)
         if not target.allowed:
-            await self._verify(url, secret, sub_id)
+            await self._verify(url, secret, sub_id, call.principal.tenant)
         session = await self.state.create(call.principal, {**what, "id": sub_id})
         record = WebhookRecord(id=sub_id, tenant=session.tenant, principal=call.principal.key, name=what["name"],
                                arguments=what["arguments"], url=url, secret=secret, session=session.id,
@@ -167,11 +167,12 @@ class WebhookSubscriptions:
             raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions", {"limit": "subscriptions", "max": most},
                                status=429, retry_after=60) from exc
 
-    async def _verify(self, url: str, secret: str, sub_id: str) -> None:
+    async def _verify(self, url: str, secret: str, sub_id: str, tenant: str) -> None:
         """The draft's endpoint verification. Raises RpcError -32015 with ``data.reason``."""
         challenge = secrets.token_urlsafe(24)
         body = orjson.dumps({"type": "verification", "challenge": challenge})
-        outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id)
+        outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id,
+                                            tenant)
         reason = outcome.error
         if outcome.ok:
             try:

@@ -24,6 +24,8 @@ from broker.runtime import Broker
     ({"events_poll_default": 50, "events_poll_max": 10}, "POLL_DEFAULT is above"),
     ({"webhook_retry_initial": 5.0, "webhook_retry_max": 1.0}, "RETRY_INITIAL is above"),
     ({"webhook_max_response_bytes": 0}, "MAX_RESPONSE_BYTES is 0"),
+    ({"webhook_max_connections": 8, "webhook_tenant_connections": 9},
+     "TENANT_CONNECTIONS .9. is above .*write at most 8"),
 ])
 def test_contradictory_events_settings_are_refused(values: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
@@ -51,3 +53,4 @@ async def test_webhooks_are_offered_under_a_custom_authenticator_and_refused_to_
     with pytest.raises(rpc.RpcError) as refused:  # stdio's caller, or a custom authenticator's anonymous one
         await custom.events.webhooks.subscribe(Call(Principal("acme", "anonymous"), modern=True), {})
     assert refused.value.code == FORBIDDEN
+
