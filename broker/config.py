@@ -231,6 +231,10 @@ class Settings(IdentitySettings):
     #: Of those, the most one tenant's POSTs (deliveries and verifications) hold at once, so one
     #: tenant's slow endpoints leave the rest to the others; at most ``webhook_max_connections``.
     webhook_tenant_connections: int = Field(default=16, ge=1, le=10_000)
+    #: Verification POSTs the subscribes of one tenant may make the broker send a minute, all
+    #: workers together (each is a signed request to a URL the caller chose; the tenant's bucket
+    #: holds a minute's worth).
+    webhook_verifications_per_minute: int = Field(default=30, ge=1, le=100_000)
     #: Attempts at one event before it goes to the dead letters; the first and the longest pause between them.
     webhook_max_attempts: int = Field(default=8, ge=1, le=100)
     webhook_retry_initial: float = Field(default=0.5, gt=0)
