@@ -228,6 +228,13 @@ class Settings(IdentitySettings):
     webhook_max_response_bytes: int = Field(default=65_536, ge=0)
     #: Callback connections one worker has open at once (more POSTs wait for a place).
     webhook_max_connections: int = Field(default=64, ge=1, le=10_000)
+    #: Of those, the most one tenant's POSTs (deliveries and verifications) hold at once, so one
+    #: tenant's slow endpoints leave the rest to the others; at most ``webhook_max_connections``.
+    webhook_tenant_connections: int = Field(default=16, ge=1, le=10_000)
+    #: Verification POSTs the subscribes of one tenant may make the broker send a minute, all
+    #: workers together (each is a signed request to a URL the caller chose; the tenant's bucket
+    #: holds a minute's worth).
+    webhook_verifications_per_minute: int = Field(default=30, ge=1, le=100_000)
     #: Attempts at one event before it goes to the dead letters; the first and the longest pause between them.
     webhook_max_attempts: int = Field(default=8, ge=1, le=100)
     webhook_retry_initial: float = Field(default=0.5, gt=0)
@@ -326,6 +333,9 @@ class Settings(IdentitySettings):
             (self.events_poll_default > self.events_poll_max, "MCP_BROKER_EVENTS_POLL_DEFAULT is above _POLL_MAX"),
             (self.webhook_retry_initial > self.webhook_retry_max,
              "MCP_BROKER_WEBHOOK_RETRY_INITIAL is above _RETRY_MAX"),
+            (self.webhook_tenant_connections > self.webhook_max_connections,
+             f"MCP_BROKER_WEBHOOK_TENANT_CONNECTIONS ({self.webhook_tenant_connections}) is above "
+             f"_MAX_CONNECTIONS ({self.webhook_max_connections}); write at most {self.webhook_max_connections}"),
             (self.webhook_max_response_bytes == 0,
              "MCP_BROKER_WEBHOOK_MAX_RESPONSE_BYTES is 0: no verification answer could be read; write 1 or more"),
         ) if bad]

@@ -3,7 +3,10 @@
 ``configure`` sets up the broker's loggers (and uvicorn's) on stderr, at ``log_level``, as
 readable text or as one JSON object a line (``log_format``): time, level, logger, the worker's
 pid, the message, and the tenant, session and request id of the request being served when there
-is one (``bind``, set by the app for each request). ``rejected`` logs refused requests (401, 403, 413,
+is one (``bind``, set by the app for each request). The session and request id are headers a
+client writes, so each field is cut to ``MAX_FIELD`` characters and percent-encoded but for
+letters, digits and ``-._~:/+@``: a forged ``tenant=`` field, a line break (NEL included) or a
+30 kB header cannot make a line lie or grow. ``rejected`` logs refused requests (401, 403, 413,
 421, 429, ...) at a bounded rate, so a flood of bad requests cannot flood the log: at most one
 line per route and status every ``REJECTED_EVERY`` seconds, with how many were refused meanwhile.
 ``startup`` is the one line each worker writes at start with its effective configuration, secrets
@@ -19,14 +22,17 @@ import os
 import sys
 import time
 from typing import Any, Final
+from urllib.parse import quote
 
 from broker import __version__
 from broker.config import Settings
 
-__all__ = ["REJECTED_EVERY", "JsonFormatter", "bind", "configure", "rejected", "startup_line"]
+__all__ = ["MAX_FIELD", "REJECTED_EVERY", "JsonFormatter", "bind", "configure", "rejected", "startup_line"]
 
 logger = logging.getLogger("broker.requests")
 
+#: Characters of one request field (tenant, session, request id) a line carries; the rest is cut.
+MAX_FIELD: Final = 128
 #: Seconds between two lines about refused requests of one route and status.
 REJECTED_EVERY: Final = 10.0
 #: The request being served: tenant, session, request id (absent keys are left out of JSON lines).
@@ -37,7 +43,7 @@ TEXT_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]%(contex
 
 def bind(**fields: str | None) -> None:
     """Name the request this task serves in every line it logs from now on (each request has its task)."""
-    _CONTEXT.set({k: v for k, v in fields.items() if v})
+    _CONTEXT.set({k: quote(v[:MAX_FIELD], safe="-._~:/+@") for k, v in fields.items() if v})
 
 
 class _ContextFilter(logging.Filter):

@@ -261,7 +261,8 @@ class Methods:
         """Validate a listen filter; returns (URIs, resourcesListChanged, the acknowledged filter).
 
         Raises:
-            RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs.
+            RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs;
+                -31002 (429) for more URIs than the tenant's ``subscriptions`` quota.
         """
         if SUBSCRIBE not in call.principal.scopes:
             raise forbidden("subscriptions/listen", SUBSCRIBE)
@@ -272,6 +273,12 @@ class Methods:
             if flag in spec and not isinstance(spec[flag], bool):
                 raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", status=400)
         uris = self.watched_uris(call, spec.get("resourceSubscriptions", []), "notifications.resourceSubscriptions")
+        # A listen's URIs are its subscriptions: a plain listen is held to the quota as a resumable one is.
+        quota = self.quotas.of(call.principal.tenant).subscriptions
+        if quota is not None and len(uris) > quota:
+            raise quota_error(OverQuota("subscriptions", call.principal.tenant, quota, 5,
+                                        f"tenant {call.principal.tenant!r} listens may watch {quota} URIs each "
+                                        "(its quota)"))
         list_changed = spec.get("resourcesListChanged") is True
         # Only what the broker honours: it has no tools or prompts, so those flags are left out.
         ack: dict[str, Any] = {}

@@ -235,6 +235,17 @@ class Quotas:
         if wait > 0:
             raise PublishRateLimited(tenant, rate, max(math.ceil(wait), 1))
 
+    async def verification(self, tenant: str, per_minute: int) -> None:
+        """Take one of the tenant's webhook verifications (a bucket of a minute's worth, all workers).
+
+        Raises OverQuota (``webhook_verifications``) when the tenant sent its share already.
+        """
+        wait = await self.store.take(tenant, 1, per_minute / 60, per_minute, kind="verify")
+        if wait > 0:
+            raise OverQuota("webhook_verifications", tenant, per_minute, max(math.ceil(wait), 1),
+                            f"tenant {tenant!r} made the broker send {per_minute} webhook verifications in the last "
+                            "minute (MCP_BROKER_WEBHOOK_VERIFICATIONS_PER_MINUTE); retry later")
+
     async def run(self) -> None:
         """Renew this worker's leases every third of their life, until cancelled."""
         while True:

@@ -159,7 +159,8 @@ class Broker:
         #: The events extension (experimental): its methods, and this worker's webhook deliveries.
         self.events = Events(settings, self.methods, self.sessions, index, backend.inboxes, backend.webhooks,
                              backend.leases, backend.sessions.touch, authenticator=self.authenticator,
-                             quotas=self.quotas.quotas, revoked=None if stored is None else stored.invalid)
+                             quotas=self.quotas.quotas, revoked=None if stored is None else stored.invalid,
+                             buckets=self.quotas)
         self.events.install(self.methods)
         resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info},
                                       self.quotas.quotas)

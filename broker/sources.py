@@ -14,7 +14,9 @@ that must never publish twice anyway keeps a cursor of its own; a published chan
 trigger, and publishing one twice costs a client one read.
 
 A source whose ``run`` fails is started again after a pause that grows to 30 s (and starts
-again from half a second once a run lasted a minute); one whose ``run`` returns is done and is
+again from half a second once a run lasted a minute); one refused by the change log's bounds
+(``PublishRefused``) the same, with one line at info level and no traceback: a full log is not
+the source's fault, and the source publishes what it kept when it starts again; one whose ``run`` returns is done and is
 not started again. A worker that lost the lease asks for it again, then every third of a lease.
 """
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from broker.backends.base import Leases
+from broker.errors import PublishRefused
 from broker.leasing import HeldLease, stop_task
 from broker.metrics import NO_METRICS, Metrics
 from broker.publisher import Publisher
@@ -116,7 +119,13 @@ class SourceRunner:
             return "lost"
         if task.cancelled():
             return "failed"
-        if (error := task.exception()) is not None:
+        if isinstance(error := task.exception(), PublishRefused):
+            # The change log's bound (the tenant's, or the partition's) is full: not a fault of the
+            # source, which keeps what it has not published and publishes it when started again.
+            logger.info("change source %s: the change log refused its changes (%s); starting it again after a "
+                        "pause", self.source.name, error)
+            return "failed"
+        if error is not None:
             logger.error("change source %s failed; starting it again", self.source.name, exc_info=error)
             return "failed"
         return "finished"

@@ -296,10 +296,10 @@ class Quotas(Protocol):
 
     async def release(self, tenant: str, kind: str, holder: str) -> None: ...
 
-    async def take(self, tenant: str, count: int, rate: int, burst: int) -> float:
-        """Take ``count`` tokens from the tenant's bucket (``burst`` tokens, refilled at ``rate`` a
-        second, one clock for every worker); 0 when taken, else the seconds until they would be
-        there, nothing taken."""
+    async def take(self, tenant: str, count: int, rate: float, burst: int, kind: str = "rate") -> float:
+        """Take ``count`` tokens from the tenant's bucket of ``kind`` (``burst`` tokens, refilled at
+        ``rate`` a second, one clock for every worker); 0 when taken, else the seconds until they
+        would be there, nothing taken. ``rate``: publishing; ``verify``: webhook verifications."""
 
 
 class Webhooks(Protocol):

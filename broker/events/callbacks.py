@@ -9,7 +9,14 @@ subscribe and again before every POST, and the POST goes to the very address tha
 re-resolves elsewhere meanwhile (DNS rebinding) is never followed. Redirects are not followed
 (a 3xx is a failure); connect and read are timed out, and the whole POST has a deadline (the two
 together); at most ``webhook_max_response_bytes`` of an answer are read; no connection is reused
-(each POST resolves and checks anew), and at most ``webhook_max_connections`` are open at once.
+(each POST resolves and checks anew).
+
+Places: at most ``webhook_max_connections`` POSTs of a worker are open at once, and at most
+``webhook_tenant_connections`` of one tenant, so a tenant whose endpoints never answer holds its
+share for a deadline at a time and leaves the rest to the others. Waiting for a place has the
+same deadline as the POST: past it the attempt fails as ``timeout`` (retried as any other), so
+a POST never waits behind a tarpit indefinitely.
+
 Names are resolved by a few threads of this module's own, under the connect timeout, so a slow
 resolver neither holds a POST for long nor takes the event loop's shared executor from the rest
 of the worker.
@@ -23,6 +30,7 @@ endpoint's own words (no response oracle).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -47,6 +55,9 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_URL: Final = 2048
 #: Threads resolving callback host names, per worker: lookups beyond them wait (under the same deadline).
 RESOLVERS: Final = 4
+#: Special-purpose ranges that Python's ``ipaddress`` (3.11) still reads as global: deprecated
+#: site-local IPv6, IPv6 documentation (RFC 9637), and the deprecated 6to4 relay anycast.
+REFUSED: Final = tuple(ipaddress.ip_network(n) for n in ("fec0::/10", "3fff::/20", "192.88.99.0/24"))
 
 
 class CallbackRefused(Exception):
@@ -91,7 +102,16 @@ def _refused_address(address: IPAddress) -> bool:
     # An IPv4 address inside IPv6 (mapped, or 6to4's 2002::/16) is reached as that IPv4 address.
     if isinstance(address, ipaddress.IPv6Address):
         address = address.ipv4_mapped or address.sixtofour or address
-    return not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified
+    return (not address.is_global or address.is_multicast or address.is_reserved or address.is_unspecified
+            or any(address in network for network in REFUSED))
+
+
+@dataclass(slots=True)
+class _Share:
+    """A tenant's places, and how many of its POSTs use them (the share is dropped when none does)."""
+
+    places: asyncio.Semaphore
+    users: int = 0
 
 
 class Callbacks:
@@ -112,8 +132,9 @@ class Callbacks:
         timeout = httpx.Timeout(settings.webhook_read_timeout, connect=settings.webhook_connect_timeout)
         self.client = httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False,
                                         limits=httpx.Limits(max_keepalive_connections=0))
-        #: Waiting for a place is not an attempt: only the POST itself is under the deadline.
         self.connections = asyncio.Semaphore(settings.webhook_max_connections)
+        self.share = settings.webhook_tenant_connections
+        self._shares: dict[str, _Share] = {}
         self._resolver = ThreadPoolExecutor(RESOLVERS, thread_name_prefix="webhook-dns")
 
     async def aclose(self) -> None:
@@ -180,8 +201,9 @@ class Callbacks:
             raise CallbackRefused("the callback URL must be https (plain http only to MCP_BROKER_WEBHOOK_ALLOW)")
         return Target(url, scheme, host, port, path, addresses[0], allowed)
 
-    async def post(self, url: str, secret: str, message_id: str, body: bytes, subscription_id: str) -> Outcome:
-        """POST ``body`` to the callback, checked again now and signed now."""
+    async def post(self, url: str, secret: str, message_id: str, body: bytes, subscription_id: str,
+                   tenant: str) -> Outcome:
+        """POST ``body`` to the callback, checked again now and signed now, in a place of ``tenant``'s share."""
         try:
             target = await self.check(url)
         except CallbackRefused:
@@ -198,9 +220,15 @@ class Callbacks:
             "X-MCP-Subscription-Id": subscription_id,
         }
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        share = self._shares.setdefault(tenant, _Share(asyncio.Semaphore(self.share)))
+        share.users += 1
         try:
-            async with self.connections, asyncio.timeout(self.deadline):
-                status, answer = await self._request(target, body, headers, extensions)
+            async with contextlib.AsyncExitStack() as places:
+                async with asyncio.timeout(self.deadline):
+                    await places.enter_async_context(share.places)
+                    await places.enter_async_context(self.connections)
+                async with asyncio.timeout(self.deadline):
+                    status, answer = await self._request(target, body, headers, extensions)
         except (httpx.TimeoutException, TimeoutError):
             return Outcome(False, "timeout")
         except httpx.HTTPError as exc:
@@ -210,6 +238,10 @@ class Callbacks:
             logger.warning("a webhook POST of subscription %s could not be made (%s)", subscription_id,
                            type(exc).__name__)
             return Outcome(False, "connection_refused", retry=False)
+        finally:
+            share.users -= 1
+            if not share.users:
+                del self._shares[tenant]
         if 200 <= status < 300:
             return Outcome(True, body=answer)
         if status == 413:

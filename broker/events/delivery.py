@@ -233,7 +233,7 @@ class WebhookDelivery:
         attempt = 0
         while True:
             attempt += 1
-            outcome = await self.callbacks.post(record.url, record.secret, message_id, data, record.id)
+            outcome = await self.callbacks.post(record.url, record.secret, message_id, data, record.id, record.tenant)
             if outcome.ok:
                 return
             error = outcome.error or "connection_refused"

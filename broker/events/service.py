@@ -16,7 +16,7 @@ from broker.events.state import EventSessions
 from broker.events.subscribe import WebhookSubscriptions
 from broker.methods import Call, Handler, Methods
 from broker.protocol import jsonrpc as rpc
-from broker.quotas import TenantQuotas
+from broker.quotas import Quotas, TenantQuotas
 from broker.sessions import Sessions
 
 __all__ = ["Events"]
@@ -28,17 +28,20 @@ class Events:
     def __init__(self, settings: Settings, methods: Methods, sessions: Sessions, subscriptions: SubscriptionIndex,
                  inboxes: Inboxes, store: Webhooks, leases: Leases,
                  touch: Callable[[Sequence[str]], Awaitable[None]], *, authenticator: Authenticator,
-                 quotas: TenantQuotas | None = None, revoked: Revoked | None = None) -> None:
+                 quotas: TenantQuotas | None = None, revoked: Revoked | None = None,
+                 buckets: Quotas | None = None) -> None:
         """``authenticator``: the broker's (webhooks are offered unless it is ``Anonymous``, whatever
         the settings say: a custom one passed to ``Broker`` brings credentials of its own).
         ``quotas``: the tenants' ``subscriptions`` and ``webhooks`` quotas. ``revoked``: the lookup
-        of stored keys that no longer hold (``StoredKeys.invalid``), when there are stored keys."""
+        of stored keys that no longer hold (``StoredKeys.invalid``), when there are stored keys.
+        ``buckets``: the worker's ``Quotas``, which count each tenant's webhook verifications."""
         self.settings = settings
         state = EventSessions(sessions, subscriptions, quotas)
         self.callbacks = Callbacks(settings)
         self.polls = EventPolls(settings, methods, state, inboxes)
         self.webhooks = WebhookSubscriptions(settings, methods, state, sessions, store, self.callbacks,
-                                             authenticated=not isinstance(authenticator, Anonymous), quotas=quotas)
+                                             authenticated=not isinstance(authenticator, Anonymous), quotas=quotas,
+                                             buckets=buckets)
         self.delivery = WebhookDelivery(settings, store, leases, inboxes, state, self.webhooks, self.callbacks, touch,
                                         revoked)
         # The draft: an unauthenticated server may offer poll, not webhooks.

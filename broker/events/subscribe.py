@@ -15,7 +15,9 @@ both counted in the backend's create.
 A new subscription's callback must pass ``Callbacks.check``, and, unless it is allow-listed,
 the draft's verification handshake: a signed ``{"type": "verification", "challenge"}`` POST
 whose 2xx answer echoes the challenge, so nobody can make the broker flood a URL that never
-asked for it.
+asked for it. The handshake is itself such a POST: each is taken from the tenant's bucket of
+``webhook_verifications_per_minute`` before it is sent, and goes out in the tenant's share of
+the connections.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from broker.events.model import CALLBACK_ERROR, EXHAUSTED, FORBIDDEN, UNSUPPORTE
 from broker.events.state import EventSessions, wanted
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
-from broker.quotas import TenantQuotas, quota_error
+from broker.quotas import Quotas, TenantQuotas, quota_error
 from broker.sessions import Sessions
 
 __all__ = ["ANONYMOUS", "WebhookSubscriptions", "subscription_id"]
@@ -68,8 +70,9 @@ def _secret(delivery: dict[str, Any]) -> str:
 class WebhookSubscriptions:
     def __init__(self, settings: Settings, methods: Methods, state: EventSessions, sessions: Sessions,
                  store: Webhooks, callbacks: Callbacks, *, authenticated: bool,
-                 quotas: TenantQuotas | None = None) -> None:
-        """``authenticated``: whether callers bring credentials (the authenticator is not ``Anonymous``)."""
+                 quotas: TenantQuotas | None = None, buckets: Quotas | None = None) -> None:
+        """``authenticated``: whether callers bring credentials (the authenticator is not ``Anonymous``).
+        ``buckets``: where verifications are counted (none: not counted)."""
         self.settings = settings
         self.methods = methods
         self.state = state
@@ -79,6 +82,7 @@ class WebhookSubscriptions:
         #: Webhooks need credentials: with anonymous callers, every caller is the same principal.
         self.authenticated = authenticated
         self.quotas = quotas or TenantQuotas()
+        self.buckets = buckets
 
     def _delivery(self, call: Call, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
         if not self.authenticated or call.principal.subject == ANONYMOUS:
@@ -137,7 +141,7 @@ class WebhookSubscriptions:
         if existing is not None:
             await self.end(existing, expired_by=now)  # lapsed, not yet cleaned up (kept if refreshed meanwhile)
         if not target.allowed:
-            await self._verify(url, secret, sub_id)
+            await self._verify(url, secret, sub_id, call.principal.tenant)
         session = await self.state.create(call.principal, {**what, "id": sub_id})
         record = WebhookRecord(id=sub_id, tenant=session.tenant, principal=call.principal.key, name=what["name"],
                                arguments=what["arguments"], url=url, secret=secret, session=session.id,
@@ -167,11 +171,21 @@ class WebhookSubscriptions:
             raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions", {"limit": "subscriptions", "max": most},
                                status=429, retry_after=60) from exc
 
-    async def _verify(self, url: str, secret: str, sub_id: str) -> None:
-        """The draft's endpoint verification. Raises RpcError -32015 with ``data.reason``."""
+    async def _verify(self, url: str, secret: str, sub_id: str, tenant: str) -> None:
+        """The draft's endpoint verification, counted against the tenant before it is sent.
+
+        Raises RpcError: -32015 with ``data.reason``; -31002 (429) once the tenant sent its
+        ``webhook_verifications_per_minute`` (each is a signed POST to a URL the caller chose).
+        """
+        if self.buckets is not None:
+            try:
+                await self.buckets.verification(tenant, self.settings.webhook_verifications_per_minute)
+            except OverQuota as exc:
+                raise quota_error(exc) from exc
         challenge = secrets.token_urlsafe(24)
         body = orjson.dumps({"type": "verification", "challenge": challenge})
-        outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id)
+        outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id,
+                                            tenant)
         reason = outcome.error
         if outcome.ok:
             try:

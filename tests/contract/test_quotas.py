@@ -51,6 +51,13 @@ async def test_a_bucket_gives_its_burst_then_its_rate_and_refuses_without_taking
     assert await quotas.take("t1", 3, 10, 5) > 0, "the refusal took nothing, the take before took two"
 
 
+async def test_a_tenants_buckets_of_each_kind_are_apart_and_a_rate_may_be_below_one(backend: Backend) -> None:
+    quotas = backend.quotas
+    assert await quotas.take("t1", 2, 2 / 60, 2, kind="verify") == 0
+    assert 29 < await quotas.take("t1", 1, 2 / 60, 2, kind="verify") <= 30, "one token every 30 s"
+    assert await quotas.take("t1", 5, 10, 5) == 0, "the publish bucket is another"
+
+
 async def test_the_sessions_quota_counts_live_sessions_and_frees_ended_and_expired_ones(backend: Backend) -> None:
     sessions = backend.sessions
     first, second = new_session(backend, "t1"), new_session(backend, "t1")

@@ -117,6 +117,22 @@ async def test_subscriptions_streams_and_listens_over_quota_are_429_and_come_bac
             "POST", "/mcp", content=orjson.dumps(body), headers=modern.headers("subscriptions/listen", auth="ka")))
 
 
+async def test_a_plain_listen_is_held_to_the_subscriptions_quota_as_a_resumable_one_is(
+        quota_broker: BrokerProcess) -> None:
+    async with httpx.AsyncClient(base_url=quota_broker.url, timeout=10) as http:
+        spec = {"resourceSubscriptions": ["test://a/1", "test://a/2", "test://a/3"]}
+        body = modern.request("subscriptions/listen", {"notifications": spec}, 4)
+        refused = await http.send(http.build_request("POST", "/mcp", content=orjson.dumps(body), headers=modern.headers(
+            "subscriptions/listen", auth="ka")), stream=True)  # before the check, a stream that never ended
+        if refused.status_code != 429:
+            await refused.aclose()
+        assert refused.status_code == 429, "the listen was opened"
+        await refused.aread()
+        assert_quota_refusal(refused, "subscriptions")
+        async with modern.listen(http, ["test://b/1", "test://b/2", "test://b/3"], auth="kb"):
+            pass  # the other tenant has no such quota
+
+
 async def test_publishing_past_the_rate_is_429_and_every_accepted_change_is_delivered(
         quota_broker: BrokerProcess) -> None:
     await asyncio.sleep(TTL + 0.8)  # the sessions of the tests before have expired

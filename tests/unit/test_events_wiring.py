@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from broker.auth import Principal
 from broker.cli import _settings_problems
 from broker.config import Settings
-from broker.events.model import FORBIDDEN
+from broker.events.callbacks import Outcome
+from broker.events.model import CALLBACK_ERROR, FORBIDDEN
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.runtime import Broker
@@ -24,6 +25,8 @@ from broker.runtime import Broker
     ({"events_poll_default": 50, "events_poll_max": 10}, "POLL_DEFAULT is above"),
     ({"webhook_retry_initial": 5.0, "webhook_retry_max": 1.0}, "RETRY_INITIAL is above"),
     ({"webhook_max_response_bytes": 0}, "MAX_RESPONSE_BYTES is 0"),
+    ({"webhook_max_connections": 8, "webhook_tenant_connections": 9},
+     "TENANT_CONNECTIONS .9. is above .*write at most 8"),
 ])
 def test_contradictory_events_settings_are_refused(values: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
@@ -51,3 +54,30 @@ async def test_webhooks_are_offered_under_a_custom_authenticator_and_refused_to_
     with pytest.raises(rpc.RpcError) as refused:  # stdio's caller, or a custom authenticator's anonymous one
         await custom.events.webhooks.subscribe(Call(Principal("acme", "anonymous"), modern=True), {})
     assert refused.value.code == FORBIDDEN
+
+
+async def test_verifications_are_counted_against_the_tenant_before_they_are_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each verification is a signed POST to a URL the caller chose: over its bucket, none is sent."""
+    broker = Broker(Settings(_env_file=None, webhook_verifications_per_minute=3),  # type: ignore[call-arg]
+                    authenticator=Custom())
+    sent: list[str] = []
+
+    async def post(url: str, *args: Any) -> Outcome:
+        sent.append(url)
+        return Outcome(False, "connection_refused")
+
+    monkeypatch.setattr(broker.events.callbacks, "post", post)
+
+    async def subscribe(n: int, tenant: str = "acme") -> rpc.RpcError:
+        params = {"name": "mcp.resource.updated", "arguments": {"uris": [f"mcpb://{tenant}/items/1"]},
+                  "delivery": {"mode": "webhook", "url": f"https://8.8.8.8/hook/{n}", "secret": "whsec_" + "QUFB" * 8}}
+        with pytest.raises(rpc.RpcError) as refused:
+            await broker.events.webhooks.subscribe(Call(Principal(tenant, "alice"), modern=True), params)
+        return refused.value
+
+    assert [(await subscribe(n)).code for n in range(3)] == [CALLBACK_ERROR] * 3
+    over = await subscribe(3)
+    assert over.code == rpc.QUOTA_EXCEEDED and over.data["limit"] == "webhook_verifications"  # type: ignore[index]
+    assert len(sent) == 3, "the fourth was never sent"
+    assert (await subscribe(4, "other")).code == CALLBACK_ERROR, "another tenant's count is its own"

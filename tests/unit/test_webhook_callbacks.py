@@ -29,6 +29,9 @@ def callbacks(*allow: str, **settings: Any) -> Callbacks:
     "https://169.254.169.254/latest/meta-data", "https://100.64.0.1/h", "https://0.0.0.0/h", "https://224.0.0.1/h",
     "https://[::1]/h", "https://[fc00::1]/h", "https://[fe80::1]/h", "https://[::ffff:127.0.0.1]/h",
     "https://240.0.0.1/h", "https://localhost/h", "https://[2002:7f00:1::]/h", "https://[2002:a00:1::]/h",
+    # Special-purpose ranges Python 3.11's ipaddress reads as global: site-local, documentation, 6to4 relay.
+    "https://[fec0::1]/h", "https://[feff:ffff::1]/h", "https://[3fff::1]/h", "https://[3fff:fff:ffff::1]/h",
+    "https://192.88.99.1/h", "https://[2002:c058:6301::]/h",
 ])
 async def test_non_public_addresses_are_refused_by_default(url: str) -> None:
     with pytest.raises(CallbackRefused):
@@ -95,7 +98,7 @@ async def test_a_request_httpx_cannot_make_is_a_failure_that_is_not_retried(monk
         return Target(url, "http", "127.0.0.1", 9, "/\x01", ipaddress.ip_address("127.0.0.1"), True)
 
     monkeypatch.setattr(poster, "check", check)
-    outcome = await poster.post("http://127.0.0.1:9/", SECRET, "msg_1", b"{}", "sub_1")
+    outcome = await poster.post("http://127.0.0.1:9/", SECRET, "msg_1", b"{}", "sub_1", "acme")
     assert (outcome.ok, outcome.retry) == (False, False)
     await poster.aclose()
 
@@ -143,7 +146,7 @@ async def test_a_post_has_a_deadline_however_slowly_its_answer_trickles(endpoint
     found.trickle = 0.1  # each byte well within the read timeout; the 40 of them not within the deadline
     poster = callbacks("127.0.0.1", webhook_connect_timeout=0.2, webhook_read_timeout=0.5)
     started = time.monotonic()
-    outcome = await poster.post(url, SECRET, "msg_1", b"{}", "sub_1")
+    outcome = await poster.post(url, SECRET, "msg_1", b"{}", "sub_1", "acme")
     assert (outcome.ok, outcome.error) == (False, "timeout") and time.monotonic() - started < 2
     await poster.aclose()
 
@@ -152,9 +155,32 @@ async def test_posts_are_bounded_in_number_and_ask_for_an_uncompressed_answer(
         endpoint: tuple[Endpoint, str]) -> None:
     found, url = endpoint
     found.delay = 0.2
-    poster = callbacks("127.0.0.1", webhook_max_connections=2)
-    outcomes = await asyncio.gather(*(poster.post(url, SECRET, f"msg_{n}", b"{}", "sub_1") for n in range(5)))
+    poster = callbacks("127.0.0.1", webhook_max_connections=2, webhook_tenant_connections=2)
+    outcomes = await asyncio.gather(*(poster.post(url, SECRET, f"msg_{n}", b"{}", "sub_1", "acme") for n in range(5)))
     assert all(outcome.ok for outcome in outcomes)
     assert found.most == 2
     assert all(b"\r\naccept-encoding: identity\r\n" in head for head in found.heads)
     await poster.aclose()
+
+
+async def test_a_tenant_holds_only_its_share_and_waits_for_it_no_longer_than_the_deadline(
+        endpoint: tuple[Endpoint, str]) -> None:
+    found, url = endpoint
+    found.delay = 0.4
+    poster = callbacks("127.0.0.1", webhook_max_connections=3, webhook_tenant_connections=2)
+    done: list[str] = []
+
+    async def post(tenant: str, n: int) -> None:
+        if (await poster.post(url, SECRET, f"msg_{n}", b"{}", "sub_1", tenant)).ok:
+            done.append(tenant)
+
+    await asyncio.gather(*(post("a", n) for n in range(6)), post("b", 6))
+    assert found.most == 3, "a's share is 2 of the 3 places; b got the third"
+    assert done.index("b") <= 2, "b went out with a's first two, not behind a's queue"
+    assert sorted(done) == ["a"] * 6 + ["b"] and not poster._shares, "shares are dropped once unused"
+    short = callbacks("127.0.0.1", webhook_tenant_connections=1, webhook_connect_timeout=0.1,
+                      webhook_read_timeout=0.1)  # a deadline of 0.2 s: the second waits for the first's 0.4 s
+    outcomes = await asyncio.gather(*(short.post(url, SECRET, f"msg_{n}", b"{}", "sub_1", "a") for n in range(2)))
+    assert sorted((o.ok, o.error) for o in outcomes) == [(False, "timeout"), (False, "timeout")]
+    await poster.aclose()
+    await short.aclose()

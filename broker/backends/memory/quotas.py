@@ -13,11 +13,11 @@ __all__ = ["MemoryQuotas"]
 
 
 class MemoryQuotas:
-    """(tenant, kind) -> holder -> monotonic deadline; tenant -> (tokens, monotonic time of the last take)."""
+    """(tenant, kind) -> holder -> monotonic deadline; (tenant, kind) -> (tokens, monotonic time of the last take)."""
 
     def __init__(self) -> None:
         self._places: dict[tuple[str, str], dict[str, float]] = {}
-        self._buckets: dict[str, tuple[float, float]] = {}
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
 
     async def acquire(self, tenant: str, kind: str, holder: str, limit: int, ttl_ms: int) -> bool:
         now = time.monotonic()
@@ -42,12 +42,12 @@ class MemoryQuotas:
             if not places:
                 del self._places[(tenant, kind)]
 
-    async def take(self, tenant: str, count: int, rate: int, burst: int) -> float:
+    async def take(self, tenant: str, count: int, rate: float, burst: int, kind: str = "rate") -> float:
         now = time.monotonic()
-        tokens, then = self._buckets.get(tenant, (float(burst), now))
+        tokens, then = self._buckets.get((tenant, kind), (float(burst), now))
         tokens = min(float(burst), tokens + (now - then) * rate)
         if tokens < count:
-            self._buckets[tenant] = (tokens, now)
+            self._buckets[(tenant, kind)] = (tokens, now)
             return (count - tokens) / rate
-        self._buckets[tenant] = (tokens - count, now)
+        self._buckets[(tenant, kind)] = (tokens - count, now)
         return 0.0

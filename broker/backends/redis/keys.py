@@ -103,7 +103,8 @@ class Keys:
         return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:sessions"
 
     def quota(self, tenant: str, kind: str) -> str:
-        """A tenant's quota state: its places of ``kind`` (zset), or its publish bucket (``kind`` ``rate``, hash)."""
+        """A tenant's quota state: its places of ``kind`` (zset), or a bucket (hash; ``kind`` ``rate``:
+        publishing, ``verify``: webhook verifications)."""
         return f"{self.prefix}:{{t:{escape_tenant(tenant)}}}:q:{kind}"
 
     def index(self, tenant: str, uri: str) -> str:

@@ -1,4 +1,5 @@
--- KEYS: the tenant's publish bucket (hash: tokens `k`, time of the last take `t` in µs of the server clock).
+-- KEYS: a tenant's bucket, of publishing or of webhook verifications (hash: tokens `k`, time of the
+-- last take `t` in µs of the server clock).
 -- ARGV: count, rate (tokens a second), burst (capacity). One clock, Redis's, for every worker.
 -- Returns 0 when `count` tokens were taken, else the µs until they would be there (nothing taken).
 local t = redis.call('TIME')

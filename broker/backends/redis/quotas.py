@@ -46,7 +46,7 @@ class RedisQuotas:
         with unavailable("quotas.release"):
             await self.client.zrem(self.keys.quota(tenant, kind), holder)
 
-    async def take(self, tenant: str, count: int, rate: int, burst: int) -> float:
+    async def take(self, tenant: str, count: int, rate: float, burst: int, kind: str = "rate") -> float:
         with unavailable("quotas.take"):
-            wait_us = await self.scripts.quota_take(keys=[self.keys.quota(tenant, "rate")], args=[count, rate, burst])
+            wait_us = await self.scripts.quota_take(keys=[self.keys.quota(tenant, kind)], args=[count, rate, burst])
         return int(wait_us) / 1_000_000
