@@ -7,7 +7,9 @@ enforced by ``broker.transport.wire``.
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["WireSettings"]
@@ -32,3 +34,21 @@ class WireSettings(BaseSettings):
     #: from the descriptor limit (``ulimit -n``) minus a tenth of it, and at least the Redis pool
     #: plus 128, kept for everything else (18,000 with 20,000 descriptors).
     max_connections: int = Field(default=0, ge=0)
+    #: Open connections of one client address (an IPv6 /64) that have not authenticated, per
+    #: worker process; more are answered 503 and closed at once. 0: a quarter of
+    #: ``max_connections``. A connection whose request carried a valid credential stops counting.
+    max_connections_per_peer: int = Field(default=0, ge=0)
+    #: Addresses or networks of proxies in front of the workers (a load balancer, a sidecar):
+    #: their connections carry many clients' requests, so no per-peer bound applies to them.
+    trusted_proxies: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1"])
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an address or a network; write e.g. "
+                                 "'[\"10.0.0.5\", \"10.1.0.0/16\"]', or '[]' to trust none") from None
+        return value
