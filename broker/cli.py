@@ -206,6 +206,7 @@ _JSON_EXAMPLES = {
     "MCP_BROKER_API_KEYS": ', e.g. \'{"k3y": "acme/alice"}\'',
     "MCP_BROKER_ALLOWED_ORIGINS": ', e.g. \'["https://app.example.com"]\'',
     "MCP_BROKER_ALLOWED_HOSTS": ', e.g. \'["broker.example.com"]\'',
+    "MCP_BROKER_TRUSTED_PROXIES": ', e.g. \'["10.0.0.5", "10.1.0.0/16"]\'',
     "MCP_BROKER_QUOTAS": ', e.g. \'{"default": {"sessions": 10000}, "acme": {"publish_per_second": 500}}\'',
 }
 

@@ -15,12 +15,13 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from broker.config_identity import IdentitySettings
+from broker.config_wire import WireSettings
 from broker.tenants import tenant_problem
 
 __all__ = ["Settings"]
 
 
-class Settings(IdentitySettings):
+class Settings(WireSettings, IdentitySettings):
     """Every bound and timeout of the broker. Each has a default that suits one small host."""
 
     model_config = SettingsConfigDict(env_prefix="MCP_BROKER_", extra="ignore")
@@ -67,21 +68,8 @@ class Settings(IdentitySettings):
     server_name: str = "mcp-broker"
     instructions: str = "Resources with change notifications. Subscribe to a URI and re-read it when notified."
 
-    # -- on the wire (broker/transport/wire.py) ---------------------------------------------------
-    #: Bytes of one request head (request line and headers); larger heads get 431 and a close.
-    #: nginx's default allows 4 x 8 KiB; tokens and cookies of real clients fit well within this.
-    max_header_bytes: int = Field(default=32_768, ge=1024)
-    #: Seconds from a connection's start, or from a kept-alive request's first byte, to its
-    #: complete head; then 408 and close (slow-header attacks). Idle between requests:
-    #: ``http_keepalive_timeout``.
-    header_timeout: float = Field(default=10.0, gt=0)
-    #: Seconds from a complete head to a complete body (a short or endless body); then 408 and close.
-    #: At the 1 MiB body limit this asks for about 35 KB/s.
-    body_timeout: float = Field(default=30.0, gt=0)
-    #: Open connections per worker process; more are answered 503 and closed at once. 0: derived
-    #: from the descriptor limit (``ulimit -n``) minus a tenth of it, and at least the Redis pool
-    #: plus 128, kept for everything else (18,000 with 20,000 descriptors).
-    max_connections: int = Field(default=0, ge=0)
+    # -- on the wire: request heads, bodies and connections are in broker/config_wire.py -----
+
     # -- connections to a load balancer, and stopping ------------------------------------------
     #: Seconds the HTTP server keeps an idle keep-alive connection open (uvicorn's
     #: ``timeout_keep_alive``). A load balancer that keeps connections to the workers must close

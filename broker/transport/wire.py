@@ -19,7 +19,12 @@ uvicorn's parsing and request cycle and adds, per connection:
   app reading it sees the client leave.
 * **connection cap**: a worker holding ``max_connections`` answers a new connection 503 at once
   and closes it, before reading anything, so it never runs out of descriptors for the ones it
-  serves, for Redis or for ``accept()``.
+  serves, for Redis or for ``accept()``; but first it makes room by closing the oldest connection
+  that has not sent a whole request head yet, if there is one.
+* **connections per peer**: one client address (an IPv6 /64) holds at most
+  ``max_connections_per_peer`` connections that have not authenticated; more are refused like
+  connections beyond the cap. Connections from ``trusted_proxies`` are not counted.
+  ``broker.transport.peers`` keeps this count and picks the connection that makes room.
 
 Neither an idle connection's keep-alive timeout (uvicorn's) nor the deadline of a connection
 that has sent nothing closes it while a request waits unread in the kernel (see
@@ -49,9 +54,12 @@ import httptools
 import orjson
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.utils import get_remote_addr
 from uvicorn.server import ServerState
 
 from broker.config import Settings
+from broker.transport.edge import PRINCIPAL
+from broker.transport.peers import Peers
 
 __all__ = ["WireLimits", "WireProtocol", "connection_cap", "protocol_factory"]
 
@@ -73,11 +81,17 @@ class WireLimits:
     header_timeout: float
     body_timeout: float
     max_connections: int
+    max_connections_per_peer: int
+    trusted_proxies: tuple[str, ...] = ()
+    #: Whether credentials are configured, so that a request can authenticate at all.
+    credentials: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WireLimits:
-        return cls(settings.max_header_bytes, settings.header_timeout, settings.body_timeout,
-                   settings.max_connections or connection_cap(settings.redis_max_connections))
+        cap = settings.max_connections or connection_cap(settings.redis_max_connections)
+        return cls(settings.max_header_bytes, settings.header_timeout, settings.body_timeout, cap,
+                   settings.max_connections_per_peer or max(1, cap // 4), tuple(settings.trusted_proxies),
+                   bool(settings.auth_methods))
 
 
 def connection_cap(redis_max_connections: int) -> int:
@@ -97,9 +111,11 @@ def protocol_factory(limits: WireLimits) -> Any:
     """What ``uvicorn.Config(http=...)`` takes: uvicorn calls it as it would the protocol class.
 
     A ``partial`` rather than a class built here: ``--workers`` pickles the config to spawned
-    processes, and the partial carries the limits with it.
+    processes, and the partial carries the limits with it, and an empty ``Peers``, of which
+    each process so gets its own.
     """
-    return functools.partial(WireProtocol, limits=limits)
+    peers = Peers(limits.max_connections_per_peer, limits.trusted_proxies, limits.credentials)
+    return functools.partial(WireProtocol, limits=limits, peers=peers)
 
 
 def _answer(status: int, detail: str, *extra: bytes) -> bytes:
@@ -119,19 +135,24 @@ class _Answered(Exception):
 
 
 class _Refusals:
-    """Counts connections refused at the cap; logs a warning at most once a minute."""
+    """Counts connections refused for one reason; logs a warning at most once a minute."""
 
-    count = 0
-    logged_at = -_REFUSAL_LOG_INTERVAL
+    def __init__(self, why: str) -> None:
+        self.why = why
+        self.count = 0
+        self.logged_at = -_REFUSAL_LOG_INTERVAL
 
-    @classmethod
-    def add(cls, cap: int) -> None:
-        cls.count += 1
+    def add(self, limit: int) -> None:
+        self.count += 1
         now = time.monotonic()
-        if now - cls.logged_at >= _REFUSAL_LOG_INTERVAL:
-            logger.warning("refused %d connection(s) with 503: this worker holds %d, its limit (see "
-                           "MCP_BROKER_MAX_CONNECTIONS)", cls.count, cap)
-            cls.count, cls.logged_at = 0, now
+        if now - self.logged_at >= _REFUSAL_LOG_INTERVAL:
+            logger.warning("refused %d connection(s) with 503: " + self.why, self.count, limit)
+            self.count, self.logged_at = 0, now
+
+
+_AT_CAP = _Refusals("this worker holds %d, its limit, each with a request sent (see MCP_BROKER_MAX_CONNECTIONS)")
+_PER_PEER = _Refusals("their address holds %d that have not authenticated, its limit "
+                      "(see MCP_BROKER_MAX_CONNECTIONS_PER_PEER)")
 
 
 class WireProtocol(HttpToolsProtocol):
@@ -139,12 +160,16 @@ class WireProtocol(HttpToolsProtocol):
 
     # Slots: uvicorn's protocol already keeps 28 attributes in its __dict__, and five more there
     # made every connection's dict a larger, unshared one (1.3 KB more per idle stream).
-    __slots__ = ("_exact", "_head_bytes", "_phase", "_read_in_body", "_timer", "_timer_phase", "limits")
+    __slots__ = ("_exact", "_head_bytes", "_phase", "_read_in_body", "_timer", "_timer_phase", "limits", "peer",
+                 "peers")
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: WireLimits) -> None:
+                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: WireLimits, peers: Peers) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
+        self.peers = peers
+        #: The peer this connection counts toward, while it has not authenticated (``Peers``).
+        self.peer: str | None = None
         self._phase = _HEAD  # a new connection owes a request head
         self._head_bytes = 0
         #: The read being parsed began inside a body, so the bytes of a head it goes on to were
@@ -156,19 +181,46 @@ class WireProtocol(HttpToolsProtocol):
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
-            # Refused before it is counted or read: one write and the descriptor is given back.
-            self.transport = transport
-            transport.write(_BUSY)
-            transport.close()
-            _Refusals.add(self.limits.max_connections)
+        limits, peers = self.limits, self.peers
+        address = get_remote_addr(transport)
+        peer = peers.peer_of(address[0]) if address is not None else None
+        if peer is not None and not peers.admits(peer):
+            self._refuse(transport, _PER_PEER, limits.max_connections_per_peer)
+            return
+        if len(self.connections) >= limits.max_connections and not peers.make_room():
+            self._refuse(transport, _AT_CAP, limits.max_connections)
             return
         super().connection_made(transport)
+        peers.add(self, peer)
         self._arm(_HEAD)
+
+    def _refuse(self, transport: asyncio.Transport, refusals: _Refusals, limit: int) -> None:
+        # Refused before it is counted or read: one write and the descriptor is given back.
+        self.transport = transport
+        transport.write(_BUSY)
+        transport.close()
+        refusals.add(limit)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._arm(_IDLE)
+        self.peers.remove(self)
         super().connection_lost(exc)
+
+    def authenticated(self) -> bool:
+        """Whether the request read last on this connection carried a valid credential."""
+        return self.peers.credentials and self.scope is not None and PRINCIPAL in self.scope
+
+    def make_room(self) -> None:
+        """Closed for a new connection at the cap, before sending a whole head: 503 if it sent a part."""
+        if self._head_bytes:
+            self._answer_and_close(_BUSY)
+        else:
+            self._arm(_IDLE)
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        self.peers.answered(self)
+        super().on_response_complete()
 
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's keep-alive timeout, which leaves a connection open if a request waits on it."""
@@ -218,6 +270,7 @@ class WireProtocol(HttpToolsProtocol):
         if (self._head_bytes > limit or self._exact) and _head_size(self.url, self.headers) > limit:
             self._answer_and_close(_TOO_LARGE)
             raise _Answered
+        self.peers.head_read(self)
         self._head_bytes = 0
         self._exact = False
         self._phase = _BODY

@@ -13,7 +13,9 @@ import resource
 import select
 import socket
 import subprocess
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,14 +274,36 @@ def refused(port: int) -> bool:
     return answer.startswith(b"HTTP/1.1 503 ")
 
 
+def await_body(sock: socket.socket, extra: bytes = b"") -> None:
+    """Send a POST's head and wait until the app reads it and asks for the body (100 Continue)."""
+    sock.sendall(POSTS["/changes"] + extra + b"Expect: 100-continue\r\nContent-Length: 100\r\n\r\n")
+    sock.settimeout(ANSWER_WITHIN)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")
+
+
 def test_connections_beyond_the_cap_are_refused_while_one_within_it_is_served() -> None:
+    env = {"MCP_BROKER_MAX_CONNECTIONS": "3", "MCP_BROKER_BODY_TIMEOUT": "60"}
+    with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
+        busy = [stack.enter_context(connect(broker.port)) for _ in range(3)]
+        for sock in busy:
+            await_body(sock)
+        assert refused(broker.port)
+        busy.pop().close()
+        wait_until(lambda: get(broker.port).startswith(b"HTTP/1.1 200 "), what="a client within the cap served")
+
+
+def test_at_the_cap_the_oldest_connection_yet_to_send_a_whole_head_makes_room() -> None:
     env = {"MCP_BROKER_MAX_CONNECTIONS": "3", "MCP_BROKER_HEADER_TIMEOUT": "60"}
     with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
-        idle = [stack.enter_context(connect(broker.port)) for _ in range(3)]
-        wait_until(lambda: refused(broker.port), what="a connection beyond the cap to be refused")
-        assert refused(broker.port)
-        idle.pop().close()
-        wait_until(lambda: get(broker.port).startswith(b"HTTP/1.1 200 "), what="a client within the cap served")
+        silent, slow, newest = (stack.enter_context(connect(broker.port)) for _ in range(3))
+        slow.sendall(SLOW_HEAD)
+        assert get(broker.port).startswith(b"HTTP/1.1 200 ")
+        assert read_until_closed(silent) == b""  # the oldest, closed as if its head deadline had passed
+        stack.enter_context(connect(broker.port))  # the cap is reached again
+        assert get(broker.port).startswith(b"HTTP/1.1 200 ")
+        assert read_until_closed(slow).startswith(b"HTTP/1.1 503 ")
+        newest.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_response(newest).startswith(b"HTTP/1.1 200 ")
 
 
 @contextlib.contextmanager
@@ -296,9 +320,12 @@ def descriptor_limit(soft: int) -> Iterator[None]:
 def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves_again_later() -> None:
     """With 256 descriptors and no cap set, 300 idle connections exhaust a server that accepts them all."""
     with descriptor_limit(256):
-        broker = BrokerProcess(env={"MCP_BROKER_HEADER_TIMEOUT": "60"})
+        broker = BrokerProcess(env={"MCP_BROKER_HEADER_TIMEOUT": "60", "MCP_BROKER_HTTP_KEEPALIVE_TIMEOUT": "60"})
     with broker, contextlib.ExitStack() as stack:
         held = [stack.enter_context(connect(broker.port)) for _ in range(300)]
+        for sock in held:  # each sends a request, so none is closed to make room for a newer one
+            with contextlib.suppress(OSError):  # one refused already
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert refused(broker.port)
         for sock in held:
             sock.close()
@@ -306,7 +333,8 @@ def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves
 
 
 @pytest.mark.parametrize("setting", ["MCP_BROKER_HEADER_TIMEOUT=0", "MCP_BROKER_MAX_HEADER_BYTES=many",
-                                     "MCP_BROKER_MAX_CONNECTIONS=-1",
+                                     "MCP_BROKER_MAX_CONNECTIONS=-1", "MCP_BROKER_MAX_CONNECTIONS_PER_PEER=-1",
+                                     'MCP_BROKER_TRUSTED_PROXIES=["lb.internal"]',
                                      # a zero batch hung the worker, a zero page paged forever, and
                                      # these two crashed with a traceback
                                      "MCP_BROKER_FANOUT_BATCH=0", "MCP_BROKER_PAGE_SIZE=0",
@@ -323,3 +351,154 @@ def test_a_bad_setting_stops_serve_with_one_line_naming_it(setting: str) -> None
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and name in lines[0], lines
+
+
+# -- connections shared between peers ------------------------------------------------------------------
+# Every 127.0.0.0/8 address is loopback: a client socket bound to 127.0.0.2 is another peer than
+# one bound to 127.0.0.3. 127.0.0.1, where the other tests connect from, is a trusted proxy by default.
+ATTACKER, VISITOR, WITNESS = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+#: A head that never ends (the header timeout is set far beyond the test).
+SLOW_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+def connect_from(peer: str, port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=ANSWER_WITHIN, source_address=(peer, 0))
+
+
+def status_from(peer: str, port: int, extra: bytes = b"") -> int:
+    """The status of one GET /healthz from ``peer`` on a new connection."""
+    with connect_from(peer, port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + extra + b"\r\n")
+        answer = read_until_closed(sock)
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def open_slow_heads(stack: contextlib.ExitStack, port: int, peer: str, count: int) -> list[socket.socket]:
+    """``count`` connections from ``peer`` that each sent part of a head: those the worker kept.
+
+    A refused one is answered at once, as it is accepted; the witness's answer on a later
+    connection shows the worker has accepted every one before it, so nothing is left to wait for.
+    """
+    socks = []
+    for _ in range(count):
+        sock = stack.enter_context(connect_from(peer, port))
+        with contextlib.suppress(OSError):
+            sock.sendall(SLOW_HEAD)
+        socks.append(sock)
+    status_from(WITNESS, port)
+    answered, _, _ = select.select(socks, [], [], 0)
+    return [sock for sock in socks if sock not in answered]
+
+
+def test_one_peer_holding_slow_heads_leaves_connections_for_another() -> None:
+    """One client reopening slow heads held every connection of the worker: others got 503."""
+    env = {"MCP_BROKER_MAX_CONNECTIONS": "20", "MCP_BROKER_HEADER_TIMEOUT": "60"}
+    with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
+        held = open_slow_heads(stack, broker.port, ATTACKER, 40)
+        statuses = [status_from(VISITOR, broker.port) for _ in range(10)]
+    print(f"\none peer's slow heads: {len(held)} of 40 kept; another peer's 10 requests: "
+          f"{statuses.count(200)} answered 200, {statuses.count(503)} 503")
+    assert statuses == [200] * 10
+    assert len(held) == 5  # a quarter of the worker's connections
+
+
+def flood_slow_heads(port: int, peer: str, stop: threading.Event, counts: Counter[str]) -> None:
+    """Keep 60 connections from ``peer`` sending slow heads, reopening each one the worker refuses or closes."""
+    held: list[socket.socket] = []
+    try:
+        while not stop.is_set():
+            while len(held) < 60:
+                sock = connect_from(peer, port)
+                held.append(sock)
+                counts["opened"] += 1
+                with contextlib.suppress(OSError):
+                    sock.sendall(SLOW_HEAD)
+            answered, _, _ = select.select(held, [], [], 0.05)
+            for sock in answered:
+                counts["refused"] += 1
+                held.remove(sock)
+                sock.close()
+    finally:
+        counts["held at the end"] = len(held)
+        for sock in held:
+            sock.close()
+
+
+def test_under_a_flood_of_slow_heads_from_one_peer_another_peer_is_served() -> None:
+    """Load: one peer reopens slow heads as fast as it can while another sends 100 requests."""
+    env = {"MCP_BROKER_MAX_CONNECTIONS": "20", "MCP_BROKER_HEADER_TIMEOUT": "60"}
+    flood: Counter[str] = Counter()
+    stop = threading.Event()
+    with BrokerProcess(env=env) as broker:
+        attacker = threading.Thread(target=flood_slow_heads, args=(broker.port, ATTACKER, stop, flood))
+        attacker.start()
+        try:
+            wait_until(lambda: flood["refused"] > 0, what="the flood to reach its bound")
+            started = time.monotonic()
+            statuses = Counter(status_from(VISITOR, broker.port) for _ in range(100))
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            attacker.join()
+    print(f"\nflood from one peer: {flood['opened']} connections opened, {flood['refused']} refused, "
+          f"{flood['held at the end']} held at the end; another peer's 100 requests in {took:.2f} s: "
+          f"{statuses[200]} answered 200, {statuses[503]} 503")
+    assert statuses == {200: 100}
+
+
+TOKEN = b"Authorization: Bearer k3y\r\n"
+WITH_KEYS = {"MCP_BROKER_API_KEYS": '{"k3y": "acme/alice"}', "MCP_BROKER_HEADER_TIMEOUT": "60",
+             "MCP_BROKER_BODY_TIMEOUT": "60"}
+
+
+def test_connections_that_authenticated_stop_counting_toward_their_peers_bound() -> None:
+    """Clients behind one address (a NAT, a service with many streams) are bounded only by the cap
+    once they authenticate: both a request still running and one answered and kept alive leave the count."""
+    body = b'{"uri": "https://example.com/a"}'
+    with BrokerProcess(env={**WITH_KEYS, "MCP_BROKER_MAX_CONNECTIONS_PER_PEER": "2"}) as broker, \
+            contextlib.ExitStack() as stack:
+        for sock in (stack.enter_context(connect_from(ATTACKER, broker.port)) for _ in range(2)):
+            sock.sendall(POSTS["/changes"] + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            assert read_response(sock).startswith(b"HTTP/1.1 401 ")  # kept alive, still counted
+        assert status_from(ATTACKER, broker.port) == 503
+
+        running = [stack.enter_context(connect_from(VISITOR, broker.port)) for _ in range(2)]
+        for sock in running:
+            await_body(sock, TOKEN)
+        answered = stack.enter_context(connect_from(VISITOR, broker.port))
+        answered.sendall(POSTS["/changes"] + TOKEN + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert read_response(answered).startswith(b"HTTP/1.1 202 ")
+        assert [status_from(VISITOR, broker.port) for _ in range(2)] == [200, 200]
+
+
+def test_a_worker_full_of_slow_heads_from_many_peers_still_admits_clients_and_keeps_authenticated_ones() -> None:
+    """Each new client closes the oldest slow head to get in; connections whose requests
+    authenticated are never the ones closed, and once only they are left, new ones are refused."""
+    env = {**WITH_KEYS, "MCP_BROKER_MAX_CONNECTIONS": "8", "MCP_BROKER_MAX_CONNECTIONS_PER_PEER": "2"}
+    body = b'{"uri": "https://example.com/%s"}' % (b"a" * 69)  # the 100 bytes await_body announced
+    with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
+        authenticated = [stack.enter_context(connect_from(VISITOR, broker.port)) for _ in range(2)]
+        for sock in authenticated:
+            await_body(sock, TOKEN)
+        slow = [stack.enter_context(connect_from(f"127.0.0.{10 + n // 2}", broker.port)) for n in range(6)]
+        for sock in slow:
+            sock.sendall(SLOW_HEAD)
+        # The worker is full. Each new client gets in, and stays, by closing the oldest slow head.
+        for n, sock in enumerate(slow):
+            newcomer = stack.enter_context(connect_from(f"127.0.0.{20 + n}", broker.port))
+            await_body(newcomer, TOKEN)
+            authenticated.append(newcomer)
+            answer = read_until_closed(sock)
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        assert status_from(WITNESS, broker.port) == 503  # only authenticated requests are left
+        for sock in authenticated:
+            sock.sendall(body)
+            assert read_response(sock).startswith(b"HTTP/1.1 202 ")
+
+
+def test_trusted_proxies_are_not_bounded_per_peer() -> None:
+    env = {"MCP_BROKER_TRUSTED_PROXIES": f'["{ATTACKER}/32"]', "MCP_BROKER_MAX_CONNECTIONS_PER_PEER": "2",
+           "MCP_BROKER_HEADER_TIMEOUT": "60"}
+    with BrokerProcess(env=env) as broker, contextlib.ExitStack() as stack:
+        assert len(open_slow_heads(stack, broker.port, ATTACKER, 6)) == 6
+        assert len(open_slow_heads(stack, broker.port, "127.0.0.1", 6)) == 2  # no longer trusted
