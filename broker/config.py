@@ -113,6 +113,11 @@ class Settings(IdentitySettings):
     #: requests are not answered (nor run, but for the one whose reply crossed it) and each gets a
     #: -31001 error instead; the whole answer stays under it.
     max_response_bytes: int = Field(default=4_194_304, ge=1024)
+    #: Bytes of one answer that is not a batch's (a ``resources/read`` above all), encoded as sent:
+    #: a larger one is refused with -32602 instead. 16 MiB lets the largest file served by
+    #: default (``max_file_bytes``, 10 MiB) through as base64; a client that does not read its
+    #: answers holds at most about one of them on its worker.
+    max_read_bytes: int = Field(default=16_777_216, ge=1024)
     # -- input: what a client may make the broker keep (docs/LIMITS.md, "Input") ---------------
     #: Bytes of a change's ``meta`` (encoded JSON): it is copied into every notification of the change.
     max_meta_bytes: int = Field(default=8192, gt=0)

@@ -165,7 +165,8 @@ class Broker:
                                       self.quotas.quotas)
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
-                                     max_response_bytes=settings.max_response_bytes, quotas=self.quotas,
+                                     max_response_bytes=settings.max_response_bytes,
+                                     max_read_bytes=settings.max_read_bytes, quotas=self.quotas,
                                      resumables=resumables)
         self.health = Health(backend.ping, self.streams)
         self.fanout: Fanout | None = None

@@ -158,7 +158,7 @@ class StdioServer:
             return rpc.encode_error(msg.id, unavailable())
         if msg.method == "resources/subscribe":
             self.start_stream()  # the session now watches something: its frames flow from the inbox
-        return rpc.encode_result(msg.id, result)
+        return self.dispatcher.answer(msg, result)
 
     async def initialize(self, msg: Message) -> bytes:
         if self.session is not None:
