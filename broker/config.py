@@ -199,6 +199,11 @@ class Settings(IdentitySettings):
     max_file_bytes: int = Field(default=10_485_760, ge=1, le=1_073_741_824)
     #: PostgreSQL to watch (``postgresql://...``); empty: none (``broker/postgres.py``).
     postgres_url: str = ""
+    #: Connections the PostgreSQL provider reads rows on (one pool per worker). One tenant holds
+    #: at most all but one of them, so another tenant's read never waits behind a flood of reads.
+    postgres_pool_size: int = Field(default=4, ge=1, le=100)
+    #: Seconds one PostgreSQL read may take, the wait for a connection included; then 503.
+    postgres_read_timeout: float = Field(default=10.0, gt=0, le=300)
     #: JSON map of table (``schema.table`` or ``table``) to the tenant whose records its rows are.
     postgres_tables: dict[str, str] = Field(default_factory=dict)
     #: JSON list of ``module:factory`` callables that return providers and change sources of the

@@ -250,6 +250,9 @@ class Broker:
             await self.backend.close()
             if (close_auth := getattr(self.authenticator, "close", None)) is not None:
                 await close_auth()
+            for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
+                if (close_provider := getattr(provider, "aclose", None)) is not None:
+                    await close_provider()
         finally:
             self.started = False
         close = getattr(self.metrics, "close", None)
