@@ -7,6 +7,7 @@ that never reads. The one timed check (the worker's RSS over a few seconds) has 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -142,3 +143,38 @@ def test_a_client_that_never_reads_holds_at_most_one_bounded_answer_per_connecti
         finally:
             for sock in sockets:
                 sock.close()
+
+
+async def test_a_stdio_client_that_does_not_read_holds_back_its_own_requests(tmp_path: Path) -> None:
+    """Its answers wait in a bounded output, and no more than a few of its requests run meanwhile."""
+    size, count = 2 * MIB, 48
+    (tmp_path / "file.txt").write_bytes(b"s" * size)
+    uri = file_uri(str(tmp_path / "file.txt"))
+    async with stdio_process(MCP_BROKER_DEMO="false", MCP_BROKER_FILE_ROOTS=json.dumps({"default": str(tmp_path)})) \
+            as stdio:
+        worker = psutil.Process(stdio.proc.pid)
+        await stdio.send(modern.request("server/discover", id_="warm"))
+        assert (await stdio.next()) is not None  # started
+        before = worker.memory_info().rss
+        assert stdio.proc.stdin is not None
+        lines = b"".join(orjson.dumps(modern.request("resources/read", {"uri": uri}, id_=i)) + b"\n"
+                         for i in range(count))
+        stdio.proc.stdin.write(lines)  # fits the pipe: the broker may read them all at once
+        await stdio.proc.stdin.drain()
+        wait_until(lambda: worker.memory_info().rss - before > size, what="the first answers")
+        peak, began = worker.memory_info().rss, time.monotonic()
+        while time.monotonic() - began < 3.0:  # with no bound every request ran and waited: +100 MiB
+            peak = max(peak, worker.memory_info().rss)
+            await asyncio.sleep(0.1)
+        print(f"stdio, {count} reads of {size // MIB} MiB unread: RSS {before / MIB:.0f} MiB -> "
+              f"peak {peak / MIB:.0f} MiB (+{(peak - before) / MIB:.0f} MiB)")
+        assert peak - before < 16 * size
+        assert stdio.proc.stdout is not None
+        chunks: list[bytes] = []
+        newlines = 0
+        async with asyncio.timeout(30):  # read at last: every answer is there, in full
+            while newlines < count:
+                chunks.append(await stdio.proc.stdout.read(1 << 20))
+                assert chunks[-1], "stdout closed"
+                newlines += chunks[-1].count(b"\n")
+        assert [len(line) > size for line in b"".join(chunks).splitlines()] == [True] * count
