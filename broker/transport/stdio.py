@@ -28,7 +28,7 @@ import logging
 import os
 import signal
 import sys
-from typing import IO, Any, Final, Protocol
+from typing import IO, Any, Protocol
 
 from broker.auth import Principal
 from broker.config import Settings
@@ -41,16 +41,11 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import stdio_era
 from broker.protocol.jsonrpc import Message
 from broker.sessions import SessionRecord
-from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, StdioWriter, blocking, lines
+from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, Places, StdioWriter, blocking, lines
 
 __all__ = ["StdioServer", "StdioWriter", "serve_stdio"]
 
 logger = logging.getLogger(__name__)
-
-#: Modern requests one client may have running at once: the next line is read when one ends (a
-#: listen's place is freed once it is open). With the bounded output, a client that does not
-#: read holds back its own requests, and its worker holds a few answers, not one per request.
-MAX_IN_FLIGHT: Final = 8
 
 
 class Runtime(Protocol):
@@ -83,9 +78,7 @@ class StdioServer:
         #: In-flight modern requests (listens included) by JSON-RPC id.
         self.tasks: dict[rpc.Id, asyncio.Task[None]] = {}
         self.listens: dict[rpc.Id, Listen | ResumableListen] = {}
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
-        #: The ids of the requests that hold a place in ``_in_flight``.
-        self._placed: set[rpc.Id] = set()
+        self.places = Places()
 
     async def reply(self, data: bytes) -> None:
         await self.output.put(data)
@@ -205,21 +198,14 @@ class StdioServer:
             error = rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: id is in use by an unanswered request")
             await self.reply(rpc.encode_error(id_, error))
             return
-        await self._in_flight.acquire()
-        self._placed.add(id_)
+        await self.places.take(id_)
         task = asyncio.create_task(self.modern(msg), name=f"stdio-request-{id_}")
         self.tasks[id_] = task
-        task.add_done_callback(lambda _t: self._free(id_))
+        task.add_done_callback(lambda _t: self._ended(id_))
 
-    def _free(self, id_: rpc.Id) -> None:
-        """Forget a request that ended, and give back its place (a listen gave it back once open)."""
+    def _ended(self, id_: rpc.Id) -> None:
         self.tasks.pop(id_, None)
-        self._give_back(id_)
-
-    def _give_back(self, id_: rpc.Id) -> None:
-        if id_ in self._placed:
-            self._placed.discard(id_)
-            self._in_flight.release()
+        self.places.give_back(id_)
 
     async def modern(self, msg: Message) -> None:
         assert msg.id is not None
@@ -230,7 +216,7 @@ class StdioServer:
         except BackendUnavailable:
             answer = rpc.encode_error(msg.id, unavailable())
         if isinstance(answer, Listen | ResumableListen):
-            self._give_back(msg.id)  # open for as long as the client wants: it holds no place
+            self.places.give_back(msg.id)  # open for as long as the client wants: it holds no place
             await self.listen(msg.id, answer)
         else:
             await self.reply(answer)

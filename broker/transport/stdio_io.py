@@ -15,7 +15,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import IO, Final
 
-__all__ = ["LINE_LIMIT_SLACK", "TOO_LONG", "Output", "StdioWriter", "blocking", "lines"]
+__all__ = ["LINE_LIMIT_SLACK", "MAX_IN_FLIGHT", "TOO_LONG", "Output", "Places", "StdioWriter", "blocking", "lines"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 #: down instead of growing its memory (a count of messages alone let 1024 answers of up to
 #: ``max_read_bytes`` each wait).
 OUTPUT_BYTES: Final = 1 << 20
+#: Modern requests one client may have running at once (``Places``).
+MAX_IN_FLIGHT: Final = 8
 #: Room for the envelope on top of ``max_body_bytes``; a longer line is refused and skipped.
 LINE_LIMIT_SLACK: Final = 4096
 TOO_LONG: Final = b"\x00"  # stands in for a line that was too long (it never reaches the parser)
@@ -80,6 +82,25 @@ class Output:
         self.queue.put_nowait(None)
         if self.task is not None:
             await self.task
+
+
+class Places:
+    """At most ``size`` requests of one client running at once, by id: the next line is read when one
+    gives its place back (a listen, once it is open). With the bounded ``Output``, a client that does
+    not read holds back its own requests, and the process holds a few answers, not one per request."""
+
+    def __init__(self, size: int = MAX_IN_FLIGHT) -> None:
+        self._free = asyncio.Semaphore(size)
+        self._held: set[object] = set()
+
+    async def take(self, id_: object) -> None:
+        await self._free.acquire()
+        self._held.add(id_)
+
+    def give_back(self, id_: object) -> None:
+        if id_ in self._held:
+            self._held.discard(id_)
+            self._free.release()
 
 
 class StdioWriter:
