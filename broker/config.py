@@ -97,10 +97,10 @@ class Settings(WireSettings, IdentitySettings):
     #: Messages in one 2025-03-26 JSON-RPC batch (HTTP body or stdio line); a longer batch is
     #: refused whole with -32600 (HTTP 400) before any of it runs.
     max_batch_items: int = Field(default=100, ge=1)
-    #: Bytes of one batch's answer. Once the answers would pass it, the batch's remaining
-    #: requests are not answered (nor run, but for the one whose reply crossed it) and each gets a
-    #: -31001 error instead; the whole answer stays under it.
+    #: Bytes of one batch's answer; past it the remaining requests get -31001, not run (docs/LIMITS.md).
     max_response_bytes: int = Field(default=4_194_304, ge=1024)
+    #: Bytes of any other answer, encoded (a read of a 10 MiB file is 13.3 MiB as base64); larger: -32602.
+    max_read_bytes: int = Field(default=16_777_216, ge=1024)
     # -- input: what a client may make the broker keep (docs/LIMITS.md, "Input") ---------------
     #: Bytes of a change's ``meta`` (encoded JSON): it is copied into every notification of the change.
     max_meta_bytes: int = Field(default=8192, gt=0)
@@ -115,7 +115,6 @@ class Settings(WireSettings, IdentitySettings):
     #: Records one tenant may keep, and their bytes (values), across all its collections.
     max_records_per_tenant: int = Field(default=100_000, gt=0)
     max_record_bytes_per_tenant: int = Field(default=268_435_456, gt=0)
-
 
     # -- sessions and delivery ---------------------------------------------------------------
     session_ttl: float = Field(default=1800.0, gt=0)
@@ -182,6 +181,10 @@ class Settings(WireSettings, IdentitySettings):
     max_file_bytes: int = Field(default=10_485_760, ge=1, le=1_073_741_824)
     #: PostgreSQL to watch (``postgresql://...``); empty: none (``broker/postgres.py``).
     postgres_url: str = ""
+    #: PostgreSQL reads: connections per worker (a tenant holds all but one at most), and seconds per
+    #: read, its wait for a connection included (then 503).
+    postgres_pool_size: int = Field(default=4, ge=1, le=100)
+    postgres_read_timeout: float = Field(default=10.0, gt=0, le=300)
     #: JSON map of table (``schema.table`` or ``table``) to the tenant whose records its rows are.
     postgres_tables: dict[str, str] = Field(default_factory=dict)
     #: JSON list of ``module:factory`` callables that return providers and change sources of the

@@ -22,7 +22,7 @@ from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.listen import Listen, ListenIndex
 from broker.delivery.resumable import ResumableListen, wants_resumable
 from broker.delivery.stream import EndReason
-from broker.errors import LimitExceeded, OverQuota
+from broker.errors import AnswerTooLarge, LimitExceeded, OverQuota
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
@@ -51,7 +51,7 @@ class Dispatcher:
     """Serves MCP messages of both eras to whichever transport received them."""
 
     def __init__(self, methods: Methods, sessions: Sessions, listens: ListenIndex, streams: LegacyServices, *,
-                 max_batch_items: int, max_response_bytes: int, quotas: Quotas | None = None,
+                 max_batch_items: int, max_response_bytes: int, max_read_bytes: int, quotas: Quotas | None = None,
                  resumables: ResumableListens | None = None) -> None:
         """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client).
         ``resumables``: opens the listens of clients that ask for the resumable-listen extension."""
@@ -65,6 +65,7 @@ class Dispatcher:
         self.streams = streams
         self.max_batch_items = max_batch_items
         self.max_response_bytes = max_response_bytes
+        self.max_read_bytes = max_read_bytes
 
     @property
     def closing(self) -> bool:
@@ -130,11 +131,28 @@ class Dispatcher:
         """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``)."""
         assert msg.id is not None  # a request has one (parse_message)
         try:
-            return rpc.encode_result(msg.id, await self.call(call, msg))
+            return self.answer(msg, await self.call(call, msg))
         except rpc.RpcError as exc:
             if whole and exc.code == rpc.QUOTA_EXCEEDED:
                 raise
             return rpc.encode_error(msg.id, exc)
+
+    def answer(self, msg: Message, result: dict[str, Any]) -> bytes:
+        """``result`` encoded as the reply to ``msg``, or, when that is more than ``max_read_bytes``, the
+        -32602 error that says so (``AnswerTooLarge``).
+
+        Every transport encodes its replies here. A provider that can tell the size before it reads
+        refuses earlier (``broker/files.py``, ``broker/postgres.py``); this catches what only the
+        encoding shows (a control character is six bytes in JSON) and any provider's answer. The
+        refused reply was built once and is dropped at once, so it costs a few times the bound for
+        a moment, never a client's connection.
+        """
+        reply = rpc.encode_result(msg.id, result)
+        if len(reply) <= self.max_read_bytes:
+            return reply
+        uri = msg.params.get("uri")
+        refused = AnswerTooLarge(uri if isinstance(uri, str) else None, self.max_read_bytes, msg.method or "reply")
+        return rpc.encode_error(msg.id, rpc.RpcError(rpc.INVALID_PARAMS, refused.message, refused.data))
 
     async def call(self, call: Call, msg: Message) -> dict[str, Any]:
         """One request's result. Raises the ``RpcError`` its method raised."""
@@ -223,7 +241,7 @@ class Dispatcher:
             if self.resumables is not None and wants_resumable(msg.params):
                 return await self.resumable_listen(call, msg, header)
             return await self.leased_listen(call, msg)
-        return rpc.encode_result(msg.id, await self.methods.call(call, msg.method, msg.params))
+        return self.answer(msg, await self.methods.call(call, msg.method, msg.params))
 
     def listen(self, call: Call, msg: Message,
                listen_filter: tuple[list[str], bool, dict[str, Any]] | None = None) -> Listen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 __all__ = [
+    "AnswerTooLarge",
     "BackendUnavailable",
     "BrokerError",
     "LimitExceeded",
@@ -58,6 +59,20 @@ class ResourceRefused(BrokerError):
         super().__init__(message)
         self.message = message
         self.data = data
+
+
+class AnswerTooLarge(ResourceRefused):
+    """An answer that would be more than ``max_read_bytes`` encoded (``MCP_BROKER_MAX_READ_BYTES``).
+
+    Raised by a provider that can tell before it builds the answer (a file's size on disk, a row's
+    size in PostgreSQL), and made by the dispatcher for any other reply it measures too large.
+    """
+
+    def __init__(self, uri: str | None, limit: int, what: str = "resources/read") -> None:
+        subject = f"{what} of {uri}" if uri is not None else what
+        super().__init__(f"Answer too large: {subject} would be more than {limit} bytes encoded, the limit "
+                         "(MCP_BROKER_MAX_READ_BYTES)", {"maxBytes": limit} if uri is None else
+                         {"uri": uri, "maxBytes": limit})
 
 
 class LimitExceeded(BrokerError):

@@ -12,7 +12,8 @@ one), or resolves (``os.path.realpath``: symlinks of the file or of a parent dir
 its root. The resolved path is then opened one segment at a time from the root's own descriptor
 with ``O_NOFOLLOW``, so a symlink swapped in after the check is refused, not followed. What is
 there but is not a regular file (a directory, FIFO, socket, device) is ``NotAFile``, a file above
-``max_file_bytes`` is ``FileTooLarge``: both JSON-RPC -32602 with data (``broker/methods.py``).
+``max_file_bytes`` is ``FileTooLarge``, one above ``max_read_bytes`` (the bound of an encoded answer)
+``AnswerTooLarge``: each JSON-RPC -32602 with data (``broker/methods.py``).
 
 The changes are published by ``FileWatcher`` (``broker/filewatch.py``), one worker of the
 deployment at a time. ``docs/sources/files.md`` describes the whole feature.
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote_to_bytes
 
 from broker.auth import Principal
-from broker.errors import NotFound, ResourceRefused
+from broker.errors import AnswerTooLarge, NotFound, ResourceRefused
 
 if TYPE_CHECKING:
     from broker.config import Settings
@@ -42,6 +43,9 @@ Json = dict[str, Any]
 PREFIX: Final = "file://"
 _OPEN_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_DIRECTORY
+#: Bytes orjson writes as two (``\\"``, ``\\n``...), and the control bytes it writes as six (``\\u0001``).
+_ESCAPED_SHORT: Final = b'"\\\b\t\n\f\r'
+_ESCAPED_LONG: Final = bytes(c for c in range(32) if c not in b"\b\t\n\f\r")
 
 
 class FileRefused(ResourceRefused):
@@ -129,9 +133,12 @@ def scan(root: FileRoot, *, dirs: bool = False) -> Iterator[tuple[str, os.stat_r
 class FilesProvider:
     """Answers for ``file://`` URIs under the configured roots, each to its own tenant only."""
 
-    def __init__(self, roots: list[FileRoot], max_bytes: int) -> None:
+    def __init__(self, roots: list[FileRoot], max_bytes: int, max_answer_bytes: int | None = None) -> None:
+        """``max_answer_bytes``: a file larger than this on disk is refused before it is read, since its
+        answer could only be larger (text as long at least, base64 a third longer)."""
         self.roots = sorted(roots, key=lambda r: len(r.path), reverse=True)  # the deepest root answers
         self.max_bytes = max_bytes
+        self.max_answer_bytes = max_answer_bytes
         self._prefixes = tuple(r.uri_prefix for r in self.roots)
 
     def owns(self, uri: str) -> bool:
@@ -208,10 +215,19 @@ class FilesProvider:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
+            self._check_answer(uri, 4 * ((len(data) + 2) // 3))
             return [{"uri": uri, "mimeType": mime, "blob": base64.b64encode(data).decode()}]
+        self._check_answer(uri, _json_size(data))
         if mime == "application/octet-stream":
             mime = "text/plain"
         return [{"uri": uri, "mimeType": mime, "text": text}]
+
+    def _check_answer(self, uri: str, size: int) -> None:
+        """Refuse contents of ``size`` bytes as JSON before they are encoded: a file of control
+        characters is six times its size as an answer, and building one only to drop it would cost
+        the worker that much for each such read."""
+        if self.max_answer_bytes is not None and size > self.max_answer_bytes:
+            raise AnswerTooLarge(uri, self.max_answer_bytes)
 
     def _read_bytes(self, uri: str, root: FileRoot, parts: list[str]) -> bytes:
         """Open the resolved path from the root's descriptor, one segment at a time without following links."""
@@ -245,6 +261,8 @@ class FilesProvider:
                 raise NotAFile(uri, _kind(info.st_mode))
             if info.st_size > self.max_bytes:
                 raise FileTooLarge(uri, info.st_size, self.max_bytes)
+            if self.max_answer_bytes is not None and info.st_size > self.max_answer_bytes:
+                raise AnswerTooLarge(uri, self.max_answer_bytes)
             data = handle.read(self.max_bytes + 1)
         if len(data) > self.max_bytes:  # it grew since the fstat
             raise FileTooLarge(uri, len(data), self.max_bytes)
@@ -254,6 +272,13 @@ class FilesProvider:
         return [{"uriTemplate": root.uri_prefix + "{path}", "name": f"files under {root.path}",
                  "description": "A file under this directory (path segments percent-encoded)"}
                 for root in sorted(self.roots, key=lambda r: r.path) if root.tenant == principal.tenant]
+
+
+def _json_size(data: bytes) -> int:
+    """Bytes of the UTF-8 ``data`` inside a JSON string, as orjson writes it (two passes, no copy kept)."""
+    short = len(data) - len(data.translate(None, _ESCAPED_SHORT))
+    long = len(data) - len(data.translate(None, _ESCAPED_LONG))
+    return len(data) + short + 5 * long
 
 
 def roots_of(settings: Settings) -> list[FileRoot]:

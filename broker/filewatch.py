@@ -199,5 +199,5 @@ class FileWatcher:
 def build(settings: Settings) -> Extension:
     """The provider of the configured roots and the source that watches them (``MCP_BROKER_FILE_ROOTS``)."""
     roots = roots_of(settings)
-    return Extension(providers=[FilesProvider(roots, settings.max_file_bytes)],
+    return Extension(providers=[FilesProvider(roots, settings.max_file_bytes, settings.max_read_bytes)],
                      sources=[FileWatcher(roots, catch_up=3 * settings.source_lease_ms / 1000 + 30)])

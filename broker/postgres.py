@@ -7,22 +7,28 @@ are. The configured name is the collection name of the URIs, so it must be a rec
 (``broker/outbox.py``); the change source publishes what they capture, the provider here reads
 rows (``row_to_json``) and pages of primary keys. Rows whose primary key is not a record name
 cannot be addressed; their changes notify the table's subscribers (docs/sources/postgres.md).
+
+Reads run on a pool of ``postgres_pool_size`` connections, taken in turns by tenant
+(``TenantTurns``), each read within ``postgres_read_timeout`` from the moment it asks for its
+turn; a row larger than ``max_read_bytes`` as JSON is measured and refused in the database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from broker.auth import Principal
 from broker.config import Settings
-from broker.errors import BackendUnavailable, NotFound
+from broker.errors import AnswerTooLarge, BackendUnavailable, NotFound
 from broker.outbox import CONNECT_TIMEOUT, OutboxSource, TableKey, install, table_key
 from broker.sources import Extension
 from broker.tenants import tenant_problem
@@ -35,8 +41,8 @@ logger = logging.getLogger(__name__)
 Json = dict[str, Any]
 #: How many primary keys a read of a table's collection URI shows (in key order).
 COLLECTION_READ_LIMIT: Final = 1000
-#: Seconds one read may take, connecting included, before it is answered as unavailable.
-READ_TIMEOUT: Final = 10.0
+#: Longest primary key, as text, a read of a collection fetches (a record name is at most 128).
+KEY_BYTES: Final = 128
 
 
 def check_tables(tables: Mapping[str, str]) -> None:
@@ -55,22 +61,89 @@ def check_tables(tables: Mapping[str, str]) -> None:
 def build(settings: Settings) -> Extension:
     """The provider and the change source of ``settings.postgres_tables`` in ``settings.postgres_url``."""
     check_tables(settings.postgres_tables)
-    return Extension(providers=[PostgresProvider(settings.postgres_url, settings.postgres_tables)],
-                     sources=[OutboxSource(settings.postgres_url, settings.postgres_tables)])
+    provider = PostgresProvider(settings.postgres_url, settings.postgres_tables, pool_size=settings.postgres_pool_size,
+                                read_timeout=settings.postgres_read_timeout, max_bytes=settings.max_read_bytes)
+    return Extension(providers=[provider], sources=[OutboxSource(settings.postgres_url, settings.postgres_tables)])
+
+
+class TenantTurns:
+    """``size`` places, taken in turns by tenants, so one tenant's flood of reads delays another's
+    by one read at most, not by the whole queue.
+
+    A tenant holds at most ``size - 1`` places (all of them when ``size`` is 1), so with one tenant
+    flooding a place stays free for the others. A freed place goes to the tenants waiting, round
+    robin: the one served moves to the back of the turn, whatever number of reads it has queued.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.cap = max(1, size - 1)
+        self.held: dict[str, int] = {}
+        #: Each waiting tenant's requests, in order; the dict's order is the turn.
+        self.waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for a place (cancel the wait to give up); ``release`` it after."""
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(tenant, deque()).append(turn)
+        self._grant()
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.release(tenant)  # granted as the wait ended: give it on
+            else:
+                queue = self.waiting.get(tenant)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self.waiting[tenant]
+            raise
+
+    def release(self, tenant: str) -> None:
+        self.held[tenant] -= 1
+        if not self.held[tenant]:
+            del self.held[tenant]
+        self.free += 1
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.free:
+            tenant = next((t for t in self.waiting if self.held.get(t, 0) < self.cap), None)
+            if tenant is None:
+                return
+            queue = self.waiting.pop(tenant)
+            turn = queue.popleft()
+            if queue:
+                self.waiting[tenant] = queue  # to the back of the turn
+            if turn.done():  # cancelled, its waiter not resumed yet
+                continue
+            self.free -= 1
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+            turn.set_result(None)
 
 
 class PostgresProvider:
     """Serves the rows of the configured tables to principals of each table's tenant.
 
-    One connection (autocommit), opened at the first read and again after it broke; reads take
-    turns on it under a lock, each awaited on the event loop (psycopg's async API), none blocking it.
+    A pool of ``pool_size`` connections (autocommit, opened as reads need them, from the first
+    one on) taken in turns by tenant (``TenantTurns``): with one connection shared under a lock,
+    another tenant's read of a small row went from 5 ms to 6 s while one tenant read 8 MiB rows
+    in a loop. Each read's deadline (``read_timeout``) runs from when it asks for its turn, so
+    waiting counts; a read past it is answered as unavailable (503). Reads are awaited on the
+    event loop (psycopg's async API), none blocking it.
     """
 
-    def __init__(self, url: str, tables: Mapping[str, str]) -> None:
+    def __init__(self, url: str, tables: Mapping[str, str], *, pool_size: int = 4, read_timeout: float = 10.0,
+                 max_bytes: int = 16_777_216) -> None:
         self.url = url
         self.tables = dict(tables)
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock = asyncio.Lock()
+        self.read_timeout = read_timeout
+        self.max_bytes = max_bytes
+        self.turns = TenantTurns(pool_size)
+        self._pool = AsyncConnectionPool(url, min_size=0, max_size=pool_size, open=False, name="postgres-reads",
+                                         kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT})
+        self._opened = False
         self._keys: dict[str, TableKey] = {}
 
     def _ref(self, uri: str) -> tuple[str, str, str | None] | None:
@@ -107,59 +180,70 @@ class PostgresProvider:
             raise NotFound(uri)
         tenant, table, pk = ref
         if pk is None:
-            keys = await self._query(table, "SELECT {pk}::text FROM {table} ORDER BY {pk} LIMIT %s",
-                                     [COLLECTION_READ_LIMIT + 1])
+            # A key too long to be a record name is left out below anyway: it is not fetched.
+            keys = await self._query(tenant, table, "SELECT CASE WHEN octet_length({pk}::text) <= %s "
+                                     "THEN {pk}::text END FROM {table} ORDER BY {pk} LIMIT %s",
+                                     [KEY_BYTES, COLLECTION_READ_LIMIT + 1])
             body: Json = {"collection": table,
                           "records": [record_uri(tenant, table, key) for (key,) in keys[:COLLECTION_READ_LIMIT]
                                       if key is not None and valid_name(key)],
                           "truncated": len(keys) > COLLECTION_READ_LIMIT}
             return [{"uri": uri, "mimeType": "application/json", "text": orjson.dumps(body).decode()}]
+        # Measured in the database: a row larger than the bound as JSON never reaches the worker (its
+        # answer could only be larger: the JSON is a string inside it).
+        query = ("SELECT octet_length(r.j), CASE WHEN octet_length(r.j) <= %s THEN r.j END "
+                 "FROM (SELECT row_to_json(t)::text AS j FROM {table} t WHERE t.{pk} = %s) r")
         try:
-            rows = await self._query(table, "SELECT row_to_json(t)::text FROM {table} t WHERE t.{pk} = %s", [pk])
+            rows = await self._query(tenant, table, query, [self.max_bytes, pk])
         except psycopg.DataError:  # not a value of the key's type ('abc' for an integer key): no such row
             raise NotFound(uri) from None
         if not rows:
             raise NotFound(uri)
-        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][0]}]
+        if rows[0][1] is None:
+            raise AnswerTooLarge(uri, self.max_bytes)
+        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][1]}]
 
-    async def _query(self, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        """Run ``query`` (``{table}``, ``{pk}`` filled in) on the shared connection; one retry on a fresh one."""
-        for attempt in (1, 2):
-            # The lock first, then the deadline: a read waiting its turn does not time out the one
-            # in flight, and only the holder of the lock ever discards the connection it used.
-            async with self._lock:
+    async def _query(self, tenant: str, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """Run ``query`` (``{table}``, ``{pk}`` filled in) in the tenant's turn on a pooled connection, all
+        within ``read_timeout``; after a lost connection the pool checks its idle ones and the read runs
+        once more."""
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                await self.turns.acquire(tenant)
                 try:
-                    async with asyncio.timeout(READ_TIMEOUT):
-                        conn = await self._connection()
-                        key = self._keys.get(table)
-                        if key is None:
-                            key = self._keys[table] = await table_key(conn, table)
-                        statement = sql.SQL(query).format(table=key.table_sql, pk=sql.Identifier(key.column))
-                        return await (await conn.execute(statement, params)).fetchall()
-                except (psycopg.OperationalError, TimeoutError) as exc:
-                    await self._discard()
-                    if attempt == 2:
-                        raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
-                except (ValueError, psycopg.ProgrammingError) as exc:  # the table is gone, or its key changed
-                    self._keys.pop(table, None)
-                    logger.warning("postgres provider: %s", exc)
+                    return await self._run(table, query, params)
+                finally:
+                    self.turns.release(tenant)
+        except TimeoutError as exc:
+            raise BackendUnavailable(f"PostgreSQL: no answer within {self.read_timeout} s") from exc
+
+    async def _run(self, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        if not self._opened:
+            self._opened = True
+            await self._pool.open()
+        for attempt in (1, 2):
+            try:
+                async with self._pool.connection() as conn:
+                    key = self._keys.get(table)
+                    if key is None:
+                        key = self._keys[table] = await table_key(conn, table)
+                    statement = sql.SQL(query).format(table=key.table_sql, pk=sql.Identifier(key.column))
+                    return await (await conn.execute(statement, params)).fetchall()
+            except psycopg.OperationalError as exc:  # the pool's own timeout is one too
+                self._keys.clear()
+                if attempt == 2:
                     raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
+                await self._pool.check()  # a restart broke every idle connection, not only this one
+            except (ValueError, psycopg.ProgrammingError) as exc:  # the table is gone, or its key changed
+                self._keys.pop(table, None)
+                logger.warning("postgres provider: %s", exc)
+                raise BackendUnavailable(f"PostgreSQL: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
-                                                               connect_timeout=CONNECT_TIMEOUT)
-        return self._conn
-
-    async def _discard(self) -> None:
-        conn, self._conn = self._conn, None
-        self._keys.clear()
-        if conn is not None:
-            try:
-                await conn.close()
-            except psycopg.Error:
-                pass
+    async def aclose(self) -> None:
+        """Close the pool's connections (the broker calls a provider's ``aclose`` as it stops)."""
+        if self._opened:
+            await self._pool.close()
 
     def templates(self, principal: Principal) -> list[Json]:
         base = f"{SCHEME}://{principal.tenant}"

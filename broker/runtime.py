@@ -166,7 +166,8 @@ class Broker:
                                       self.quotas.quotas)
         self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
-                                     max_response_bytes=settings.max_response_bytes, quotas=self.quotas,
+                                     max_response_bytes=settings.max_response_bytes,
+                                     max_read_bytes=settings.max_read_bytes, quotas=self.quotas,
                                      resumables=resumables)
         self.health = Health(backend.ping, self.streams)
         self.fanout: Fanout | None = None
@@ -250,6 +251,9 @@ class Broker:
             await self.backend.close()
             if (close_auth := getattr(self.authenticator, "close", None)) is not None:
                 await close_auth()
+            for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
+                if (close_provider := getattr(provider, "aclose", None)) is not None:
+                    await close_provider()
         finally:
             self.started = False
         close = getattr(self.metrics, "close", None)

@@ -41,7 +41,7 @@ from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import stdio_era
 from broker.protocol.jsonrpc import Message
 from broker.sessions import SessionRecord
-from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, StdioWriter, blocking, lines
+from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, Places, StdioWriter, blocking, lines
 
 __all__ = ["StdioServer", "StdioWriter", "serve_stdio"]
 
@@ -78,6 +78,7 @@ class StdioServer:
         #: In-flight modern requests (listens included) by JSON-RPC id.
         self.tasks: dict[rpc.Id, asyncio.Task[None]] = {}
         self.listens: dict[rpc.Id, Listen | ResumableListen] = {}
+        self.places = Places()
 
     async def reply(self, data: bytes) -> None:
         await self.output.put(data)
@@ -158,7 +159,7 @@ class StdioServer:
             return rpc.encode_error(msg.id, unavailable())
         if msg.method == "resources/subscribe":
             self.start_stream()  # the session now watches something: its frames flow from the inbox
-        return rpc.encode_result(msg.id, result)
+        return self.dispatcher.answer(msg, result)
 
     async def initialize(self, msg: Message) -> bytes:
         if self.session is not None:
@@ -197,9 +198,14 @@ class StdioServer:
             error = rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: id is in use by an unanswered request")
             await self.reply(rpc.encode_error(id_, error))
             return
+        await self.places.take(id_)
         task = asyncio.create_task(self.modern(msg), name=f"stdio-request-{id_}")
         self.tasks[id_] = task
-        task.add_done_callback(lambda _t: self.tasks.pop(id_, None))
+        task.add_done_callback(lambda _t: self._ended(id_))
+
+    def _ended(self, id_: rpc.Id) -> None:
+        self.tasks.pop(id_, None)
+        self.places.give_back(id_)
 
     async def modern(self, msg: Message) -> None:
         assert msg.id is not None
@@ -210,6 +216,7 @@ class StdioServer:
         except BackendUnavailable:
             answer = rpc.encode_error(msg.id, unavailable())
         if isinstance(answer, Listen | ResumableListen):
+            self.places.give_back(msg.id)  # open for as long as the client wants: it holds no place
             await self.listen(msg.id, answer)
         else:
             await self.reply(answer)

@@ -15,12 +15,16 @@ import os
 from collections.abc import AsyncIterator
 from typing import IO, Final
 
-__all__ = ["LINE_LIMIT_SLACK", "TOO_LONG", "Output", "StdioWriter", "blocking", "lines"]
+__all__ = ["LINE_LIMIT_SLACK", "MAX_IN_FLIGHT", "TOO_LONG", "Output", "Places", "StdioWriter", "blocking", "lines"]
 
 logger = logging.getLogger(__name__)
 
-#: Messages waiting for stdout; a client that stops reading slows the broker down instead of growing memory.
-OUTPUT_QUEUE: Final = 1024
+#: Bytes waiting for stdout past which a writer waits; a client that stops reading slows the broker
+#: down instead of growing its memory (a count of messages alone let 1024 answers of up to
+#: ``max_read_bytes`` each wait).
+OUTPUT_BYTES: Final = 1 << 20
+#: Modern requests one client may have running at once (``Places``).
+MAX_IN_FLIGHT: Final = 8
 #: Room for the envelope on top of ``max_body_bytes``; a longer line is refused and skipped.
 LINE_LIMIT_SLACK: Final = 4096
 TOO_LONG: Final = b"\x00"  # stands in for a line that was too long (it never reaches the parser)
@@ -31,16 +35,25 @@ class Output:
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(OUTPUT_QUEUE)
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.broken = False
+        #: Bytes queued and not written yet; ``room`` is set while they are at most ``OUTPUT_BYTES``.
+        self.pending = 0
+        self.room = asyncio.Event()
+        self.room.set()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drain(), name="stdio-writer")
 
     async def put(self, line: bytes) -> None:
+        """Queue ``line``, once what is queued is within ``OUTPUT_BYTES`` (so one more line at most)."""
+        await self.room.wait()
         if not self.broken:
-            await self.queue.put(line)
+            self.pending += len(line)
+            if self.pending > OUTPUT_BYTES:
+                self.room.clear()
+            self.queue.put_nowait(line)
 
     def _write(self, chunk: bytes) -> None:
         self.stream.write(chunk)
@@ -60,12 +73,34 @@ class Output:
             except (OSError, ValueError):  # the client closed stdout: keep draining, write nothing
                 self.broken = True
                 logger.info("stdout closed by the client")
+            self.pending -= sum(len(line) - 1 for line in chunk)
+            if self.pending <= OUTPUT_BYTES:
+                self.room.set()
 
     async def close(self) -> None:
         """Write what is queued, then stop."""
-        await self.queue.put(None)
+        self.queue.put_nowait(None)
         if self.task is not None:
             await self.task
+
+
+class Places:
+    """At most ``size`` requests of one client running at once, by id: the next line is read when one
+    gives its place back (a listen, once it is open). With the bounded ``Output``, a client that does
+    not read holds back its own requests, and the process holds a few answers, not one per request."""
+
+    def __init__(self, size: int = MAX_IN_FLIGHT) -> None:
+        self._free = asyncio.Semaphore(size)
+        self._held: set[object] = set()
+
+    async def take(self, id_: object) -> None:
+        await self._free.acquire()
+        self._held.add(id_)
+
+    def give_back(self, id_: object) -> None:
+        if id_ in self._held:
+            self._held.discard(id_)
+            self._free.release()
 
 
 class StdioWriter:

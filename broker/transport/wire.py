@@ -26,6 +26,13 @@ uvicorn's parsing and request cycle and adds, per connection:
   connections beyond the cap. Connections from ``trusted_proxies`` are not counted.
   ``broker.transport.peers`` keeps this count and picks the connection that makes room.
 
+* **unread answers**: while a connection's write buffer is above uvicorn's high-water mark
+  (64 KiB; its client is not reading) nothing more is read from it, and a request it sent
+  meanwhile (pipelined) starts only once the client has read that buffer down. uvicorn counts a
+  response complete once it is handed to the transport, so a client that sent many requests and
+  read none had each answer run and buffered in turn. A connection so holds at most one answer
+  (bounded by ``max_read_bytes`` or ``max_response_bytes``) plus the high-water mark.
+
 Neither an idle connection's keep-alive timeout (uvicorn's) nor the deadline of a connection
 that has sent nothing closes it while a request waits unread in the kernel (see
 ``_unread_bytes``): a worker frozen past the timeout (a paused VM) runs the due timer before it
@@ -68,6 +75,7 @@ logger = logging.getLogger(__name__)
 # What a connection is waiting for. IDLE: a request was read in full; the app has it and the
 # keep-alive timeout (uvicorn's) covers the wait for the next one.
 _IDLE, _HEAD, _BODY = 0, 1, 2
+_READ_PAUSED, _COMPLETION_WAITS = 1, 2
 
 #: Descriptors kept free beside the connections when the cap is derived from the limit: Redis
 #: pools, pub/sub, the listening socket, the event loop's own, log files.
@@ -160,8 +168,8 @@ class WireProtocol(HttpToolsProtocol):
 
     # Slots: uvicorn's protocol already keeps 28 attributes in its __dict__, and five more there
     # made every connection's dict a larger, unshared one (1.3 KB more per idle stream).
-    __slots__ = ("_exact", "_head_bytes", "_phase", "_read_in_body", "_timer", "_timer_phase", "limits", "peer",
-                 "peers")
+    __slots__ = ("_exact", "_head_bytes", "_phase", "_read_in_body", "_timer", "_timer_phase", "_unread", "limits",
+                 "peer", "peers")
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *, limits: WireLimits, peers: Peers) -> None:
@@ -178,6 +186,9 @@ class WireProtocol(HttpToolsProtocol):
         self._exact = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_phase = _IDLE
+        #: While the client is not reading: ``_READ_PAUSED`` when reading from it was paused here,
+        #: ``_COMPLETION_WAITS`` when a response completed meanwhile (the next request waits).
+        self._unread = 0
 
     # -- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -218,10 +229,6 @@ class WireProtocol(HttpToolsProtocol):
             self._arm(_IDLE)
             self.transport.close()
 
-    def on_response_complete(self) -> None:
-        self.peers.answered(self)
-        super().on_response_complete()
-
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's keep-alive timeout, which leaves a connection open if a request waits on it."""
         if not self.transport.is_closing() and _unread_bytes(self.transport):
@@ -258,6 +265,28 @@ class WireProtocol(HttpToolsProtocol):
             self._answer_and_close(_TOO_LARGE)
         elif phase != self._timer_phase:
             self._arm(phase)
+
+    # -- a client that does not read ----------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if not self.flow.read_paused:
+            self.flow.pause_reading()
+            self._unread |= _READ_PAUSED
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        unread, self._unread = self._unread, 0
+        if unread & _COMPLETION_WAITS:
+            super().on_response_complete()  # reads on, and starts a pipelined request
+        elif unread & _READ_PAUSED and not self.pipeline:
+            self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        self.peers.answered(self)  # an authenticated request's connection stops counting toward its peer
+        if self.flow.write_paused and not self.transport.is_closing():
+            self._unread |= _COMPLETION_WAITS  # complete once the client has read it down
+            return
+        super().on_response_complete()
 
     # -- parser callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:

@@ -343,7 +343,9 @@ def test_at_its_descriptor_limit_a_worker_refuses_new_clients_quickly_and_serves
                                      # ignored silently: a misspelled Redis URL meant a worker alone
                                      # on its own memory; an origin without a scheme, 403 for all
                                      "MCP_BROKER_REDISURL=redis://127.0.0.1:1",
-                                     'MCP_BROKER_ALLOWED_ORIGINS=["app.example.com"]'])
+                                     'MCP_BROKER_ALLOWED_ORIGINS=["app.example.com"]',
+                                     "MCP_BROKER_MAX_READ_BYTES=100", "MCP_BROKER_POSTGRES_POOL_SIZE=0",
+                                     "MCP_BROKER_POSTGRES_READ_TIMEOUT=0"])
 def test_a_bad_setting_stops_serve_with_one_line_naming_it(setting: str) -> None:
     name, _, value = setting.partition("=")
     done = subprocess.run([str(BIN), "serve", "--port", str(free_port())], env={**os.environ, name: value},
