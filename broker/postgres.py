@@ -102,6 +102,14 @@ class PostgresProvider:
                 "mimeType": "application/json"}
 
     async def read(self, principal: Principal, uri: str) -> list[Json]:
+        """The row (or the table's keys) ``uri`` names.
+
+        A row has one URI, its key as PostgreSQL prints it (``pk::text``), the one its changes are
+        published under. Another spelling the key's type accepts (``01`` for 1, a UUID in upper
+        case) is not found rather than read: answered, it would lead a client to subscribe to a
+        URI that is never notified, and answering under the canonical URI would not stop that
+        (a subscription is to the URI the client sends).
+        """
         ref = self._ref(uri)
         if ref is None or ref[0] != principal.tenant:
             raise NotFound(uri)
@@ -115,12 +123,13 @@ class PostgresProvider:
                           "truncated": len(keys) > COLLECTION_READ_LIMIT}
             return [{"uri": uri, "mimeType": "application/json", "text": orjson.dumps(body).decode()}]
         try:
-            rows = await self._query(table, "SELECT row_to_json(t)::text FROM {table} t WHERE t.{pk} = %s", [pk])
+            rows = await self._query(table, "SELECT t.{pk}::text, row_to_json(t)::text FROM {table} t "
+                                            "WHERE t.{pk} = %s", [pk])
         except psycopg.DataError:  # not a value of the key's type ('abc' for an integer key): no such row
             raise NotFound(uri) from None
-        if not rows:
+        if not rows or rows[0][0] != pk:
             raise NotFound(uri)
-        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][0]}]
+        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][1]}]
 
     async def _query(self, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
         """Run ``query`` (``{table}``, ``{pk}`` filled in) on the shared connection; one retry on a fresh one."""
