@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import heapq
 import mimetypes
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote_to_bytes
 
@@ -130,6 +132,34 @@ def scan(root: FileRoot, *, dirs: bool = False) -> Iterator[tuple[str, os.stat_r
                 yield path, info
 
 
+def _walk(directory: str, parts: tuple[str, ...], after: tuple[str, ...],
+          skip: frozenset[str]) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str]]]:
+    """The regular files under ``directory`` (whose path components are ``parts``) with their
+    components, in component order, those after ``after`` (components relative to it) only.
+
+    One directory is read when the walk reaches it, and the names before the cursor's are passed
+    over without a descent: the caller decides how far the walk goes. Symlinks are not followed,
+    nor are the directories in ``skip`` entered.
+    """
+    try:
+        with os.scandir(directory) as found:
+            entries = sorted(found, key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if after and entry.name < after[0]:
+            continue
+        on_cursor = bool(after) and entry.name == after[0]  # the cursor's file itself, or a directory above it
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.path not in skip:
+                    yield from _walk(entry.path, (*parts, entry.name), after[1:] if on_cursor else (), skip)
+            elif entry.is_file(follow_symlinks=False) and not on_cursor:
+                yield (*parts, entry.name), entry
+        except OSError:
+            continue
+
+
 class FilesProvider:
     """Answers for ``file://`` URIs under the configured roots, each to its own tenant only."""
 
@@ -192,21 +222,33 @@ class FilesProvider:
         return await asyncio.to_thread(self._list_page, principal, state, limit)
 
     def _list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
-        found: list[tuple[str, os.stat_result]] = []
+        """Up to ``limit`` files after the path ``state``, in the order of their path components.
+
+        The walk is lazy (``_walk``) and stops after ``limit + 1`` files, so a page reads the
+        directories on the way to its cursor and those it lists, not the whole tree. The order is
+        by component (``a/x`` before ``a-b``) because that is the order a walk yields them in; the
+        state is only compared with the names read, never opened.
+        """
+        after = tuple(state.split("/")) if state else ()
+        walks = []
         for root in self.roots:
             if root.tenant != principal.tenant:
                 continue
-            for relative, info in scan(root):
-                path = os.path.join(root.path, relative)
-                if (state is None or path > state) and self._root_of(file_uri(path)) is root:
-                    found.append((path, info))  # a nested root's files are its own (maybe another tenant's)
-        found.sort(key=lambda item: item[0])
+            top = tuple(root.path.rstrip("/").split("/"))
+            if after[:len(top)] == top or after < top:  # a root wholly before the cursor is skipped
+                nested = frozenset(r.path for r in self.roots if r is not root)  # their files are theirs
+                walks.append(_walk(root.path, top, after[len(top):] if after[:len(top)] == top else (), nested))
+        found = list(islice(heapq.merge(*walks, key=lambda item: item[0]), limit + 1))
         items: list[Json] = []
-        for path, info in found[:limit]:
-            items.append({"uri": file_uri(path), "name": os.path.basename(path),
-                          "mimeType": mimetypes.guess_type(path)[0] or "application/octet-stream",
-                          "size": info.st_size})
-        return items, (found[limit - 1][0] if len(found) > limit else None)
+        for _, entry in found[:limit]:
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue  # gone since it was read
+            items.append({"uri": file_uri(entry.path), "name": entry.name,
+                          "mimeType": mimetypes.guess_type(entry.path)[0] or "application/octet-stream",
+                          "size": size})
+        return items, (found[limit - 1][1].path if len(found) > limit else None)
 
     async def read(self, principal: Principal, uri: str) -> list[Json]:
         root, parts = self.locate(principal, uri)

@@ -175,6 +175,14 @@ class PostgresProvider:
                 "mimeType": "application/json"}
 
     async def read(self, principal: Principal, uri: str) -> list[Json]:
+        """The row (or the table's keys) ``uri`` names.
+
+        A row has one URI, its key as PostgreSQL prints it (``pk::text``), the one its changes are
+        published under. Another spelling the key's type accepts (``01`` for 1, a UUID in upper
+        case) is not found rather than read: answered, it would lead a client to subscribe to a
+        URI that is never notified, and answering under the canonical URI would not stop that
+        (a subscription is to the URI the client sends).
+        """
         ref = self._ref(uri)
         if ref is None or ref[0] != principal.tenant:
             raise NotFound(uri)
@@ -191,17 +199,17 @@ class PostgresProvider:
             return [{"uri": uri, "mimeType": "application/json", "text": orjson.dumps(body).decode()}]
         # Measured in the database: a row larger than the bound as JSON never reaches the worker (its
         # answer could only be larger: the JSON is a string inside it).
-        query = ("SELECT octet_length(r.j), CASE WHEN octet_length(r.j) <= %s THEN r.j END "
-                 "FROM (SELECT row_to_json(t)::text AS j FROM {table} t WHERE t.{pk} = %s) r")
+        query = ("SELECT r.k, octet_length(r.j), CASE WHEN octet_length(r.j) <= %s THEN r.j END "
+                 "FROM (SELECT t.{pk}::text AS k, row_to_json(t)::text AS j FROM {table} t WHERE t.{pk} = %s) r")
         try:
             rows = await self._query(tenant, table, query, [self.max_bytes, pk])
         except psycopg.DataError:  # not a value of the key's type ('abc' for an integer key): no such row
             raise NotFound(uri) from None
-        if not rows:
+        if not rows or rows[0][0] != pk:
             raise NotFound(uri)
-        if rows[0][1] is None:
+        if rows[0][2] is None:
             raise AnswerTooLarge(uri, self.max_bytes)
-        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][1]}]
+        return [{"uri": uri, "mimeType": "application/json", "text": rows[0][2]}]
 
     async def _query(self, tenant: str, table: str, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
         """Run ``query`` (``{table}``, ``{pk}`` filled in) in the tenant's turn on a pooled connection, all

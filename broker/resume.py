@@ -6,7 +6,10 @@ published from the moment its subscriptions exist waits in its inbox: the ack fo
 moment, and nothing after it is missed. A resumption names the session and a position in the
 last event id it received; the same principal with the same filter continues from there (the
 legacy stream's replay, then live), and with another filter keeps its session, refiltered, and
-starts with the gap rule. An id of a session that has expired or is another principal's gets a
+starts with the gap rule. The refilter records the inbox position it took effect at: an id from
+before it gets the gap rule too, even with the filter the listen now has, because what follows it
+in the inbox is of the old filter (URIs no longer watched) and lacks the new filter's changes
+from before the refilter. An id of a session that has expired or is another principal's gets a
 new listen that starts with the gap rule: the client re-reads what it watches and loses
 nothing, and never sees a frame of a session that is not its own.
 """
@@ -33,6 +36,8 @@ __all__ = ["ResumableListens", "last_event_id"]
 
 #: The protocol version a listen's session records (it is never initialized as a legacy one).
 LISTEN_VERSION = "2026-07-28"
+#: Where a refiltered listen's record keeps ``[epoch, offset]``, the inbox head once its filter took effect.
+SINCE = "dev.mcp-broker/listenSince"
 #: Subscriptions of a new listen's session sent at once (each is its own atomic step in the store).
 SUBSCRIBE_CHUNK = 64
 
@@ -101,8 +106,10 @@ class ResumableListens:
                     await self._refilter(found, wanted)
                     resync = True
                 else:
-                    # A position of another data generation: the gap rule, never "replay everything".
-                    resync = epoch != found.epoch
+                    # A position of another data generation: the gap rule, never "replay everything";
+                    # one from before the last refilter: the gap rule, never the old filter's frames.
+                    since = found.client_capabilities.get(SINCE) or [epoch, 0]
+                    resync = epoch != found.epoch or (since[0] == epoch and offset < since[1])
                 cursor = 0 if resync else offset
             else:
                 resync = True
@@ -117,10 +124,13 @@ class ResumableListens:
     async def _refilter(self, session: SessionRecord, wanted: dict[str, Any]) -> None:
         old = set(session.client_capabilities[FILTER]["uris"])
         new = set(wanted["uris"])
-        await self.sessions.store.update(session.id, client_capabilities={FILTER: wanted})
-        session.client_capabilities = {FILTER: wanted}
         await asyncio.gather(*(self.subscriptions.remove(session.id, session.tenant, uri) for uri in old - new))
         await self._subscribe(session, sorted(new - old))
+        # The record last: a refilter cut short is done again by the client's next attempt. From
+        # the head on, the inbox holds the new filter's frames only.
+        head = (await self.services.inboxes.read(session.id, session.epoch, 0, 1)).head
+        session.client_capabilities = {FILTER: wanted, SINCE: [session.epoch, head]}
+        await self.sessions.store.update(session.id, client_capabilities=session.client_capabilities)
 
     async def _subscribe(self, session: SessionRecord, uris: list[str]) -> None:
         """Subscribe ``session`` to ``uris``, a chunk of them at a time in flight (one round trip each on Redis)."""

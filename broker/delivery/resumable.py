@@ -13,9 +13,10 @@ Over HTTP the id is the SSE ``id:``; a new ``subscriptions/listen`` with the sam
 URI), then goes live, with no gap at the handoff (the legacy stream's watch-then-read). On
 stdio the id travels in each notification's ``_meta`` under ``EVENT_ID``, and comes back in the
 listen request's ``_meta`` under ``LAST_EVENT_ID``. An id the broker cannot honour (the session
-expired or was never this principal's, another filter, another data epoch, a position trimmed
-from the inbox) gets the gap rule: an ``updated`` for every URI of the filter, and
-``list_changed`` if the filter asked for it; never another principal's frames.
+expired or was never this principal's, another filter, a position from before the listen's
+last change of filter, another data epoch, a position trimmed from the inbox) gets the gap
+rule: an ``updated`` for every URI of the filter, and ``list_changed`` if the filter asked for
+it; never another principal's frames, nor those of URIs the filter no longer has.
 
 The state expires as a legacy session does, ``session_ttl`` after its stream was last open.
 """

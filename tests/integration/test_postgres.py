@@ -167,3 +167,15 @@ async def test_the_source_and_reads_survive_a_database_restart(installed: Postgr
             sql(installed, "UPDATE items SET price = 6 WHERE id = 11")
             await notified(stream, ROW.format(11))
             assert (await read_row(session, 11))["price"] == 6
+
+
+async def test_a_row_has_one_uri_and_another_spelling_of_its_key_is_not_found(installed: PostgresProcess) -> None:
+    """``01`` is the integer 1 to PostgreSQL, but its changes are published under ``.../1`` only."""
+    sql(installed, "INSERT INTO items VALUES (21, 'desk', 90)")
+    with BrokerProcess(env=env(installed)) as broker:
+        async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+            session = await McpSession(http).initialize()
+            assert (await read_row(session, 21))["name"] == "desk"
+            for spelling in ("021", "0021"):
+                refused = await session.call("resources/read", {"uri": ROW.format(spelling)})
+                assert refused["error"]["code"] == -32002, refused

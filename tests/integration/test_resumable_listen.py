@@ -139,6 +139,22 @@ async def test_another_filter_keeps_the_listen_refiltered_with_the_gap_rule(http
         assert await events.updates(2) == [uri(51), uri(51)]
 
 
+async def test_an_id_from_before_a_refilter_gets_the_gap_rule_never_the_old_filters_frames(
+        http: httpx.AsyncClient) -> None:
+    async with open_listen(http, [uri(55)], auth=A) as events:
+        old = events.last_id
+    assert old is not None
+    await publish(http, uri(55), auth=A)  # waits in the inbox, after the old id
+    async with open_listen(http, [uri(56)], last_id=old, auth=A) as events:
+        assert await events.updates(1) == [uri(56)]  # refiltered, with the gap rule
+    # The same old id again, now with the filter the listen has: uri(55) is not in it, and what
+    # uri(56) had before the refilter was never kept, so only the gap rule is true.
+    async with open_listen(http, [uri(56)], last_id=old, auth=A) as events:
+        assert events.ack_meta["dev.mcp-broker/resumed"] is False
+        await publish(http, uri(56), auth=A)
+        assert await events.updates(2) == [uri(56), uri(56)]  # the gap rule, then live
+
+
 async def test_list_changes_are_sent_only_when_the_filter_asks(http: httpx.AsyncClient) -> None:
     watched = [uri(60)]
     async with open_listen(http, watched, auth=A) as events:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from pydantic import ValidationError
 
+from broker.auth import Principal
 from broker.config import Settings
+from broker.files import FileRoot, FilesProvider
 
 
 def settings(roots: dict[str, str]) -> Settings:
@@ -33,3 +40,57 @@ def test_a_providers_entry_is_checked_for_its_form_without_being_imported() -> N
     # Well formed but missing: not imported here (only `serve` and `stdio` import it, at start).
     assert Settings(_env_file=None, providers=["no_such_module:factory"]).providers == [  # type: ignore[call-arg]
         "no_such_module:factory"]
+
+
+class CountingScandir:
+    """``os.scandir`` that counts the directory entries read through it."""
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self._scandir = os.scandir
+
+    @contextmanager
+    def __call__(self, path: str) -> Iterator[Iterator[os.DirEntry[str]]]:
+        with self._scandir(path) as entries:
+            yield self._counted(entries)
+
+    def _counted(self, entries: Iterator[os.DirEntry[str]]) -> Iterator[os.DirEntry[str]]:
+        for entry in entries:
+            self.entries += 1
+            yield entry
+
+
+def test_a_page_of_a_large_root_reads_what_leads_to_it_not_the_whole_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20,000 files in 100 directories, paged at the default size: each page reads the directories on
+    the way to its cursor and those it lists, and every file comes exactly once, in path order."""
+    root = tmp_path / "root"
+    for d in range(100):
+        (root / f"d{d:02}").mkdir(parents=True)
+        for f in range(200):
+            (root / f"d{d:02}" / f"f{f:03}.txt").touch()
+    (root / "a").mkdir()
+    for name in ("a/x.txt", "a-b.txt", "a.txt", "a0.txt"):  # a string's order is not the paths' order
+        (root / name).touch()
+    expected = sorted((str(p) for p in root.rglob("*") if p.is_file()), key=lambda p: Path(p).parts)
+    provider, alice = FilesProvider([FileRoot.of("acme", str(root))], 1024), Principal("acme", "alice")
+    limit = Settings(_env_file=None).page_size  # type: ignore[call-arg]
+    counter = CountingScandir()
+    monkeypatch.setattr(os, "scandir", counter)  # type: ignore[arg-type]
+    listed: list[str] = []
+    state: str | None = None
+    pages = 0
+    while True:
+        counter.entries = 0
+        started = time.perf_counter()
+        items, state = provider._list_page(alice, state, limit)
+        elapsed = time.perf_counter() - started
+        print(f"page {pages}: {len(items)} files, {counter.entries} entries read, {elapsed * 1000:.1f} ms")
+        assert counter.entries <= 104 + 2 * 200  # the root, and at most two of its directories
+        assert len(items) <= limit
+        listed.extend(unquote(item["uri"].removeprefix("file://")) for item in items)
+        pages += 1
+        if state is None:
+            break
+    assert listed == expected
+    assert pages == -(-len(expected) // limit)
