@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import os
 import re
-import sys
-from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -17,7 +14,7 @@ from pydantic_settings import SettingsConfigDict
 from broker.config_identity import IdentitySettings
 from broker.tenants import tenant_problem
 
-__all__ = ["Settings"]
+__all__ = ["FACTORY_SPEC", "Settings"]
 
 
 class Settings(IdentitySettings):
@@ -271,7 +268,7 @@ class Settings(IdentitySettings):
         # ``stdio`` check them at start, ``broker.cli._settings_problems``), not by every command
         # that reads the settings, nor again from inside a module being imported.
         for spec in value:
-            if not _FACTORY_SPEC.match(spec):
+            if not FACTORY_SPEC.match(spec):
                 raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
         return value
 
@@ -377,31 +374,4 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 #: ``package.module:name`` (the module dotted, the name an identifier or dotted attributes of one).
-_FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def load_provider_factory(spec: str) -> Callable[..., Any]:
-    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported.
-
-    Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
-    cannot be imported, or it has no such callable. The working directory is importable, as it
-    is for ``python -m`` and ``uvicorn`` (``broker/extensions.py`` calls the factories).
-    """
-    if not _FACTORY_SPEC.match(spec):
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
-    module_name, _, attribute = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # whatever the module raises while it is imported: one line that names it
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: importing {module_name} failed: "
-                         f"{type(exc).__name__}: {first}") from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: {module_name} has no {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory")
-    return target  # type: ignore[no-any-return]
+FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
