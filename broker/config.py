@@ -168,10 +168,12 @@ class Settings(IdentitySettings):
     fanout_stop_timeout: float = Field(default=2.0, ge=0, le=4)
 
     # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
-    #: Changes one tenant may have in the change log that fan-out has not processed yet; a
-    #: publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
-    #: can fill neither the log nor another tenant's share of it.
-    changelog_tenant_max: int = Field(default=10_000, ge=1)
+    #: Changes one tenant may have in a partition of the change log that fan-out has not processed
+    #: yet; a publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
+    #: can fill neither the log nor another tenant's share of it. Kept small because another
+    #: tenant's change waits behind these (all partitions' on one fan-out consumer): a flooding
+    #: tenant waits behind itself, at publish time (docs/QUOTAS.md, "Fair by default").
+    changelog_tenant_max: int = Field(default=100, ge=1)
     #: Bytes of one wake-up message to a worker (Redis pub/sub, single node): a fan-out batch's
     #: wake-ups for one worker are split into messages of at most this size, far below Redis's
     #: pub/sub output buffer limit (32 MB by default), which would drop the worker's connection.
