@@ -100,6 +100,9 @@ class Settings(IdentitySettings):
     max_subscriptions_per_session: int = Field(default=1000, ge=1)
     max_listens: int = Field(default=10_000, ge=1)
     max_listen_uris: int = Field(default=1000, ge=1)
+    #: The share of ``max_sessions`` and of ``max_listens`` one tenant may hold, so that it cannot fill
+    #: them for the others (``broker.quotas.tenant_share``); its ``quotas`` may bound it further.
+    tenant_share: float = 0.5
     page_size: int = Field(default=100, ge=1)
 
     # -- requests: what one request may cost the worker that answers it -------------------
@@ -168,12 +171,12 @@ class Settings(IdentitySettings):
     fanout_stop_timeout: float = Field(default=2.0, ge=0, le=4)
 
     # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
-    #: Changes one tenant may have in a partition of the change log that fan-out has not processed
-    #: yet; a publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
-    #: can fill neither the log nor another tenant's share of it. Kept small because another
-    #: tenant's change waits behind these (all partitions' on one fan-out consumer): a flooding
-    #: tenant waits behind itself, at publish time (docs/QUOTAS.md, "Fair by default").
-    changelog_tenant_max: int = Field(default=100, ge=1)
+    #: Changes one tenant may have in a partition of the change log that fan-out has not processed yet;
+    #: more are refused with 429 before they are acknowledged. 0: 100 where callers may be of several
+    #: tenants (API keys, OAuth), as another tenant's change waits behind these (every partition's on
+    #: one fan-out consumer) and a flood must wait behind itself; else 10,000, for bursts to ride out
+    #: a fan-out pause (docs/QUOTAS.md, "Fair by default").
+    changelog_tenant_max: int = Field(default=0, ge=0)
     #: Bytes of one wake-up message to a worker (Redis pub/sub, single node): a fan-out batch's
     #: wake-ups for one worker are split into messages of at most this size, far below Redis's
     #: pub/sub output buffer limit (32 MB by default), which would drop the worker's connection.
@@ -274,6 +277,18 @@ class Settings(IdentitySettings):
                 raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
         return value
 
+    @field_validator("tenant_share", mode="before")
+    @classmethod
+    def _share(cls, value: Any) -> float:
+        try:
+            share = float(value)
+        except (TypeError, ValueError):
+            share = 0.0
+        if not 0 < share <= 1:  # NaN too
+            raise ValueError(f"MCP_BROKER_TENANT_SHARE: {value!r} is not a share; write a number above 0 and at "
+                             "most 1, e.g. 0.5 (a tenant may hold half of MAX_SESSIONS and of MAX_LISTENS)")
+        return share
+
     @field_validator("allowed_origins")
     @classmethod
     def _origins(cls, value: list[str]) -> list[str]:
@@ -320,6 +335,12 @@ class Settings(IdentitySettings):
             raise ValueError(f"MCP_BROKER_REDIS_DURABLE_TIMEOUT ({self.redis_durable_timeout}) must be below "
                              f"MCP_BROKER_REDIS_SOCKET_TIMEOUT ({self.redis_socket_timeout}), or the wait would "
                              "count as a lost connection; write a smaller value")
+        return self
+
+    @model_validator(mode="after")
+    def _tenant_backlog(self) -> Settings:
+        if not self.changelog_tenant_max:
+            self.changelog_tenant_max = 100 if self.auth_methods & {"keys", "oauth"} else 10_000
         return self
 
     @model_validator(mode="after")
