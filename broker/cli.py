@@ -190,7 +190,7 @@ def _settings_problems() -> list[str]:
 
 def _provider_problems(settings: Settings) -> list[str]:
     """One line for each ``MCP_BROKER_PROVIDERS`` entry that cannot be imported (checked before a start)."""
-    from broker.config import load_provider_factory
+    from broker.extensions import load_provider_factory
 
     problems = []
     for spec in settings.providers:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import os
 import re
-import sys
-from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -18,7 +15,7 @@ from broker.config_identity import IdentitySettings
 from broker.config_wire import WireSettings
 from broker.tenants import tenant_problem
 
-__all__ = ["Settings"]
+__all__ = ["FACTORY_SPEC", "Settings"]
 
 
 class Settings(WireSettings, IdentitySettings):
@@ -91,6 +88,9 @@ class Settings(WireSettings, IdentitySettings):
     max_subscriptions_per_session: int = Field(default=1000, ge=1)
     max_listens: int = Field(default=10_000, ge=1)
     max_listen_uris: int = Field(default=1000, ge=1)
+    #: The share of ``max_sessions`` and of ``max_listens`` one tenant may hold, so that it cannot fill
+    #: them for the others (``broker.quotas.tenant_share``); its ``quotas`` may bound it further.
+    tenant_share: float = 0.5
     page_size: int = Field(default=100, ge=1)
 
     # -- requests: what one request may cost the worker that answers it -------------------
@@ -158,10 +158,12 @@ class Settings(WireSettings, IdentitySettings):
     fanout_stop_timeout: float = Field(default=2.0, ge=0, le=4)
 
     # -- change-log and backend bounds (docs/LIMITS.md, "Change log and backend") ---------------
-    #: Changes one tenant may have in the change log that fan-out has not processed yet; a
-    #: publish beyond it is refused with 429 before it is acknowledged, so one tenant's flood
-    #: can fill neither the log nor another tenant's share of it.
-    changelog_tenant_max: int = Field(default=10_000, ge=1)
+    #: Changes one tenant may have in a partition of the change log that fan-out has not processed yet;
+    #: more are refused with 429 before they are acknowledged. 0: 100 where callers may be of several
+    #: tenants (API keys, OAuth), as another tenant's change waits behind these (every partition's on
+    #: one fan-out consumer) and a flood must wait behind itself; else 10,000, for bursts to ride out
+    #: a fan-out pause (docs/QUOTAS.md, "Fair by default").
+    changelog_tenant_max: int = Field(default=0, ge=0)
     #: Bytes of one wake-up message to a worker (Redis pub/sub, single node): a fan-out batch's
     #: wake-ups for one worker are split into messages of at most this size, far below Redis's
     #: pub/sub output buffer limit (32 MB by default), which would drop the worker's connection.
@@ -262,9 +264,21 @@ class Settings(WireSettings, IdentitySettings):
         # ``stdio`` check them at start, ``broker.cli._settings_problems``), not by every command
         # that reads the settings, nor again from inside a module being imported.
         for spec in value:
-            if not _FACTORY_SPEC.match(spec):
+            if not FACTORY_SPEC.match(spec):
                 raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
         return value
+
+    @field_validator("tenant_share", mode="before")
+    @classmethod
+    def _share(cls, value: Any) -> float:
+        try:
+            share = float(value)
+        except (TypeError, ValueError):
+            share = 0.0
+        if not 0 < share <= 1:  # NaN too
+            raise ValueError(f"MCP_BROKER_TENANT_SHARE: {value!r} is not a share; write a number above 0 and at "
+                             "most 1, e.g. 0.5 (a tenant may hold half of MAX_SESSIONS and of MAX_LISTENS)")
+        return share
 
     @field_validator("allowed_origins")
     @classmethod
@@ -312,6 +326,12 @@ class Settings(WireSettings, IdentitySettings):
             raise ValueError(f"MCP_BROKER_REDIS_DURABLE_TIMEOUT ({self.redis_durable_timeout}) must be below "
                              f"MCP_BROKER_REDIS_SOCKET_TIMEOUT ({self.redis_socket_timeout}), or the wait would "
                              "count as a lost connection; write a smaller value")
+        return self
+
+    @model_validator(mode="after")
+    def _tenant_backlog(self) -> Settings:
+        if not self.changelog_tenant_max:
+            self.changelog_tenant_max = 100 if self.auth_methods & {"keys", "oauth"} else 10_000
         return self
 
     @model_validator(mode="after")
@@ -368,31 +388,4 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 #: ``package.module:name`` (the module dotted, the name an identifier or dotted attributes of one).
-_FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def load_provider_factory(spec: str) -> Callable[..., Any]:
-    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported.
-
-    Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
-    cannot be imported, or it has no such callable. The working directory is importable, as it
-    is for ``python -m`` and ``uvicorn`` (``broker/extensions.py`` calls the factories).
-    """
-    if not _FACTORY_SPEC.match(spec):
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
-    module_name, _, attribute = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # whatever the module raises while it is imported: one line that names it
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: importing {module_name} failed: "
-                         f"{type(exc).__name__}: {first}") from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: {module_name} has no {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory")
-    return target  # type: ignore[no-any-return]
+FACTORY_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

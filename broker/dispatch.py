@@ -250,12 +250,15 @@ class Dispatcher:
         before any stream starts.
 
         Raises:
-            RpcError: -32602 (400) for a bad filter; -32603 when this worker has ``max_listens`` open.
+            RpcError: -32602 (400) for a bad filter; -32603 when this worker has ``max_listens`` open;
+                -31002 (429) when the tenant has its share of them (``MCP_BROKER_TENANT_SHARE``).
         """
         assert msg.id is not None
         uris, list_changed, ack = listen_filter or self.methods.listen_filter(call, msg.params)
         try:
             listen = self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
+        except OverQuota as exc:
+            raise quota_error(exc) from exc
         except LimitExceeded as exc:
             raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
                                {"limit": self.listens.max_listens}) from exc

@@ -27,19 +27,22 @@ is done.
 in the broker: each factory is called (with the ``Settings`` when it takes an argument) and may
 return a provider, a live provider, a change source, an ``Extension``, or a list of those. A
 module that cannot be imported, or a name it lacks, stops ``mcp-broker`` at start with one line
-naming the setting (checked by the setting's validator, ``broker.config.load_provider_factory``).
+naming the setting (checked at start by ``load_provider_factory``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.changes import ChangeKind, InvalidChange
-from broker.config import load_provider_factory
+from broker.config import FACTORY_SPEC
 from broker.errors import BackendUnavailable, PublishRefused
 from broker.publisher import Publisher
 from broker.resources.base import ResourceProvider
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
     from broker.config import Settings
 
 __all__ = ["ExtensionError", "LiveProvider", "LiveSource", "ProviderChange", "build", "live_extension",
-           "load_factory", "register_live"]
+           "load_factory", "load_provider_factory", "register_live"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +180,33 @@ def as_extension(obj: object, origin: str = "") -> Extension:
         return Extension(providers, sources)
     raise ExtensionError(f"{SETTING}: {origin or 'a factory'} returned {type(obj).__name__}, not a provider, "
                          "a live provider, a change source or an Extension (see docs/sources/custom.md)")
+
+
+def load_provider_factory(spec: str) -> Callable[..., Any]:
+    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported.
+
+    Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
+    cannot be imported, or it has no such callable. The working directory is importable, as it
+    is for ``python -m`` and ``uvicorn`` (``broker/extensions.py`` calls the factories).
+    """
+    if not FACTORY_SPEC.match(spec):
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")
+    module_name, _, attribute = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # whatever the module raises while it is imported: one line that names it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: importing {module_name} failed: "
+                         f"{type(exc).__name__}: {first}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: {module_name} has no {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory")
+    return target  # type: ignore[no-any-return]
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

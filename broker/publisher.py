@@ -14,6 +14,7 @@ one publisher spend every tenant's budget (docs/ARCHITECTURE.md, "Change sources
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -84,7 +85,8 @@ class Publisher:
         before anything is appended; the message says which (``change <i>: ...``).
 
         Raises:
-            TooManyChanges: the list is longer than ``changelog_tenant_max``.
+            TooManyChanges: more changes of the list go to one partition of the change log than
+                ``changelog_tenant_max`` (the whole list, on a log of one partition).
             InvalidChange: an item is not a deliverable change (``ForeignNamespace``: of another tenant).
             QuotaExceeded, LogFull, BackendUnavailable: as ``publish``.
         """
@@ -92,11 +94,18 @@ class Publisher:
             return await self._append([self._item(tenant, items, "")], source)
         if not items:
             raise InvalidChange("no changes given")
-        if len(items) > self.max_waiting:
+        route: Callable[[str, str], int] | None = getattr(self.changelog, "partition", None)
+        if len(items) > self.max_waiting * (1 if route is None else getattr(self.changelog, "partitions", 1)):
             # Refused before each change is checked: more than the tenant may ever have waiting.
             raise TooManyChanges(f"{len(items)} changes in one request; at most {self.max_waiting} "
                                  "(MCP_BROKER_CHANGELOG_TENANT_MAX) may wait for fan-out at once")
         changes = [self._item(tenant, item, f"change {i}: ") for i, item in enumerate(items)]
+        if route is not None and len(changes) > self.max_waiting:
+            # The bound is per partition: a list spread over partitions may be longer than it.
+            most = max(collections.Counter(route(change.tenant, change.uri) for change in changes).values())
+            if most > self.max_waiting:
+                raise TooManyChanges(f"{most} changes to one partition of the change log in one request; at most "
+                                     f"{self.max_waiting} (MCP_BROKER_CHANGELOG_TENANT_MAX) may wait there at once")
         return await self._append(changes, source)
 
     async def store(self, change: Change, write: Callable[[Change], Awaitable[T]], source: str = "records") -> T:

@@ -37,7 +37,8 @@ from broker.errors import BackendUnavailable, OverQuota, PublishRateLimited, rai
 from broker.protocol import jsonrpc as rpc
 from broker.tenants import tenant_problem
 
-__all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_error", "quota_problems"]
+__all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_error", "quota_problems",
+           "tenant_share"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,19 @@ def configured_tenants(settings: Settings) -> set[str]:
     tenants = {binding.partition("/")[0] for binding in settings.api_keys.values()}
     tenants |= {settings.default_tenant, *settings.file_roots, *settings.postgres_tables.values()}
     return tenants
+
+
+def tenant_share(settings: Settings, capacity: int) -> int | None:
+    """The most of ``capacity`` (``max_sessions``, ``max_listens``) one tenant may hold: its
+    ``tenant_share``, at least one; None (all of it) without API keys and OAuth, where every
+    caller is the default tenant.
+
+    Without it one tenant's sessions or listens, up to the global bound, refuse every other
+    tenant's; a deployment whose callers are all of one tenant would only lose capacity to it.
+    """
+    if settings.tenant_share >= 1 or not settings.auth_methods & {"keys", "oauth"}:
+        return None
+    return max(int(capacity * settings.tenant_share), 1)
 
 
 def quota_problems(settings: Settings) -> list[str]:

@@ -36,7 +36,7 @@ from broker.methods import Methods
 from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
-from broker.quotas import Quotas, TenantQuotas
+from broker.quotas import Quotas, TenantQuotas, tenant_share
 from broker.resources.base import ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.resume import ResumableListens
@@ -141,12 +141,13 @@ class Broker:
         self.resources = Resources([RecordsProvider(backend.records)])
         self.records = Records(backend.records, settings, self.publisher)
         self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions, metrics=metrics,
-                                 tenant_labels=tenants, quotas=self.quotas.quotas)
+                                 tenant_labels=tenants, quotas=self.quotas.quotas,
+                                 tenant_max=tenant_share(settings, settings.max_sessions))
         self.streams = Streams()
         subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
         listen_metrics = StreamMetrics(metrics, "modern")
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
-                                   listen_metrics, subscriptions)
+                                   listen_metrics, subscriptions, tenant_share(settings, settings.max_listens))
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index: SubscriptionIndex = backend.subscriptions

@@ -29,12 +29,15 @@ class Sessions:
 
     def __init__(self, store: SessionStore, inboxes: Inboxes, max_sessions: int, *,
                  metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None,
-                 quotas: TenantQuotas | None = None) -> None:
-        """``quotas``: each tenant's ``sessions`` quota, counted by the store in the create's own step."""
+                 quotas: TenantQuotas | None = None, tenant_max: int | None = None) -> None:
+        """``quotas``: each tenant's ``sessions`` quota, counted by the store in the create's own step;
+        ``tenant_max``: the sessions any one tenant may have, counted the same way (its share of
+        ``max_sessions``, ``quotas.tenant_share``), so that one tenant cannot fill them all."""
         self.store = store
         self.quotas = quotas or TenantQuotas()
         self.inboxes = inboxes
         self.max_sessions = max_sessions
+        self.tenant_max = tenant_max
         self._created = TenantCounter(metrics, "mcp_broker_tenant_sessions_created_total",
                                       tenant_labels or TenantLabels(0))
 
@@ -44,7 +47,7 @@ class Sessions:
 
         Raises:
             LimitExceeded: ``max_sessions`` live sessions exist already.
-            OverQuota: the tenant has as many live sessions as its ``sessions`` quota.
+            OverQuota: the tenant has as many live sessions as its ``sessions`` quota, or its share.
         """
         if await self.store.count() >= self.max_sessions:
             raise LimitExceeded("too many sessions")
@@ -58,7 +61,10 @@ class Sessions:
             client_info=client_info,
             client_capabilities=capabilities,
         )
-        await self.store.create(record, self.quotas.of(record.tenant).sessions)
+        quota = self.quotas.of(record.tenant).sessions
+        if self.tenant_max is not None:
+            quota = self.tenant_max if quota is None else min(quota, self.tenant_max)
+        await self.store.create(record, quota)
         self._created.inc(record.tenant)
         return record
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from broker.changes import Change
 from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
-from broker.errors import LimitExceeded
+from broker.errors import LimitExceeded, OverQuota
 from broker.metrics import TenantCounter, accepted_at
 from broker.notifications import LIST_CHANGED_KEY, changes_list, encode_list_changed, encode_update, targets, update_key
 from broker.protocol import messages
@@ -144,11 +144,17 @@ class ListenIndex:
     """The open listens of this process, by what they watch; bounded by ``max_listens``."""
 
     def __init__(self, streams: Streams, max_listens: int, server_meta: dict[str, Any],
-                 metrics: StreamMetrics, subscriptions: TenantCounter | None = None) -> None:
-        """``subscriptions`` counts each listen opened, as a subscription of its tenant."""
+                 metrics: StreamMetrics, subscriptions: TenantCounter | None = None,
+                 tenant_max: int | None = None) -> None:
+        """``subscriptions`` counts each listen opened, as a subscription of its tenant; ``tenant_max``:
+        the listens one tenant may have open here (its share of ``max_listens``, so that one tenant
+        cannot fill them for the others); None: no bound but ``max_listens``."""
         self.streams = streams
         self._subscriptions = subscriptions
         self.max_listens = max_listens
+        self.tenant_max = tenant_max
+        #: Per tenant, its listens open here (while ``tenant_max`` is set).
+        self._per_tenant: dict[str, int] = {}
         self.server_meta = server_meta
         self.metrics = metrics
         self._by_uri: dict[tuple[str, str], set[Listen]] = {}
@@ -173,9 +179,17 @@ class ListenIndex:
 
         Raises:
             LimitExceeded: ``max_listens`` listens are open on this worker.
+            OverQuota: ``tenant_max`` listens of the tenant are.
         """
         if len(self.streams.listens) >= self.max_listens:
             raise LimitExceeded(f"at most {self.max_listens} open listens per worker")
+        if self.tenant_max is not None:
+            held = self._per_tenant.get(tenant, 0)
+            if held >= self.tenant_max:
+                raise OverQuota("listens", tenant, self.tenant_max, 5,
+                                f"tenant {tenant!r} has {held} listens open on this worker, its share of "
+                                f"{self.max_listens} (MCP_BROKER_TENANT_SHARE); close one or retry later")
+            self._per_tenant[tenant] = held + 1
         listen = Listen(request_id, tenant, uris, list_changed, acknowledged, self.server_meta, self.metrics)
         self.streams.listens[listen] = None
         self.metrics.open.inc()
@@ -194,6 +208,11 @@ class ListenIndex:
         listen.unbind()
         if listen in self.streams.listens:
             del self.streams.listens[listen]
+            if self.tenant_max is not None:
+                if (left := self._per_tenant[listen.tenant] - 1) > 0:
+                    self._per_tenant[listen.tenant] = left
+                else:
+                    del self._per_tenant[listen.tenant]
             self.metrics.ended(listen.ended or EndReason.DISCONNECT)
         for uri in listen.uris:
             members = self._by_uri.get((listen.tenant, uri))

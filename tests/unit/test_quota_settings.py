@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.cli import _settings_problems
-from broker.quotas import Limits, TenantQuotas
+from broker.config import Settings
+from broker.quotas import Limits, TenantQuotas, tenant_share
 
 KEYS = '{"ka": "acme/a", "kb": "other/b"}'
 
@@ -83,3 +84,24 @@ async def test_a_taken_over_streams_place_goes_back_whichever_of_the_two_ends_la
             quotas.release(newer)
         await asyncio.gather(*quotas._tasks)  # the release runs in the background
         assert await quotas.acquire("streams", "acme", "session-2") is not None, order
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5", "1.5", "half", "nan"])
+def test_a_bad_tenant_share_is_one_line_saying_what_to_write(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("MCP_BROKER_TENANT_SHARE", value)
+    problems = _settings_problems()
+    assert len(problems) == 1 and problems[0].startswith("MCP_BROKER_TENANT_SHARE: ") \
+        and "write a number above 0 and at most 1" in problems[0], problems
+
+
+def test_a_tenant_holds_its_share_of_each_capacity_where_there_can_be_more_than_one() -> None:
+    two = Settings(_env_file=None, api_keys={"ka": "acme/a", "kb": "other/b"})  # type: ignore[call-arg]
+    assert tenant_share(two, 10) == 5 and tenant_share(two, 1) == 1
+    assert tenant_share(Settings(_env_file=None, api_keys={"ka": "acme/a", "kb": "other/b"},  # type: ignore[call-arg]
+                                 tenant_share=0.25), 10) == 2
+    assert tenant_share(Settings(_env_file=None, api_keys={"ka": "acme/a", "kb": "other/b"},  # type: ignore[call-arg]
+                                 tenant_share=1), 10) is None
+    # Without credentials every caller is the default tenant: the share would only take capacity away.
+    assert tenant_share(Settings(_env_file=None), 10) is None  # type: ignore[call-arg]
+    # API keys of one tenant: keys stored at run time may bring others.
+    assert tenant_share(Settings(_env_file=None, api_keys={"ka": "default/a"}), 10) == 5  # type: ignore[call-arg]
