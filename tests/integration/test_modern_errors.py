@@ -29,7 +29,10 @@ KEYS = '{"k1": "t1/alice", "k2": "t2/bob"}'
 @pytest.fixture(scope="module")
 def errors_broker() -> Iterator[BrokerProcess]:
     """Tenants t1 and t2 behind API keys, and small listen limits so they can be reached."""
-    env = {"MCP_BROKER_API_KEYS": KEYS, "MCP_BROKER_MAX_LISTEN_URIS": "3", "MCP_BROKER_MAX_LISTENS": "2"}
+    # The whole of MCP_BROKER_MAX_LISTENS to one tenant: the worker's limit is tested here, the
+    # tenant's share of it in test_fair_defaults.
+    env = {"MCP_BROKER_API_KEYS": KEYS, "MCP_BROKER_MAX_LISTEN_URIS": "3", "MCP_BROKER_MAX_LISTENS": "2",
+           "MCP_BROKER_TENANT_SHARE": "1"}
     with BrokerProcess(env=env) as proc:
         yield proc
 
