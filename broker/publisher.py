@@ -94,14 +94,14 @@ class Publisher:
             return await self._append([self._item(tenant, items, "")], source)
         if not items:
             raise InvalidChange("no changes given")
-        route: Callable[[str, str], int] | None = getattr(self.changelog, "partition", None)
-        if len(items) > self.max_waiting * (1 if route is None else getattr(self.changelog, "partitions", 1)):
+        if len(items) > self.max_waiting * self.changelog.partitions:
             # Refused before each change is checked: more than the tenant may ever have waiting.
             raise TooManyChanges(f"{len(items)} changes in one request; at most {self.max_waiting} "
                                  "(MCP_BROKER_CHANGELOG_TENANT_MAX) may wait for fan-out at once")
         changes = [self._item(tenant, item, f"change {i}: ") for i, item in enumerate(items)]
-        if route is not None and len(changes) > self.max_waiting:
+        if len(changes) > self.max_waiting:
             # The bound is per partition: a list spread over partitions may be longer than it.
+            route = self.changelog.partition
             most = max(collections.Counter(route(change.tenant, change.uri) for change in changes).values())
             if most > self.max_waiting:
                 raise TooManyChanges(f"{most} changes to one partition of the change log in one request; at most "

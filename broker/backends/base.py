@@ -174,6 +174,12 @@ class Inboxes(Protocol):
 class ChangeLog(Protocol):
     """Published changes, waiting for fan-out."""
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions appends go to; each bounds a tenant's changes waiting there."""
+    def partition(self, tenant: str, uri: str) -> int:
+        """The partition a change of ``uri`` goes to now."""
+
     async def publish(self, change: Change) -> str:
         """Append a change; its id.
 

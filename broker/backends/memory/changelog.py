@@ -46,6 +46,12 @@ class MemoryChangeLog:
         self._holder: tuple[str, float] | None = None
         self._ready = asyncio.Event()
 
+    #: One log: every change goes to partition 0.
+    partitions = 1
+
+    def partition(self, tenant: str, uri: str) -> int:
+        return 0
+
     def close(self) -> None:
         """Wake a blocked ``read``: the backend is closing."""
         self._ready.set()
