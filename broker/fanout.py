@@ -178,14 +178,11 @@ class Fanout:
         """Every ``REPORT_INTERVAL`` seconds: the partitions this consumer holds and each one's lag.
 
         Off the hot path: one backend call per interval, asked of the change log, which knows its
-        partitions (``lag``; a change log without it reports nothing).
+        partitions (``lag``).
         """
-        lag_of = getattr(self.changelog, "lag", None)
-        if lag_of is None:
-            return
         while True:
             try:
-                self._reported(await lag_of(self.name))
+                self._reported(await self.changelog.lag(self.name))
             except BackendUnavailable:
                 pass  # the figures stay as last seen; fan-out logs the outage
             except Exception:  # the task's boundary: the next round must still run

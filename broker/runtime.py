@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker import __version__
-from broker.auth import Authenticator, authenticator_for
+from broker.auth import Authenticator, Lifecycle, authenticator_for
 from broker.backends import Backend, create_backend
 from broker.backends.base import SubscriptionIndex
 from broker.changes import ChangeKind, ChangeRules
@@ -219,8 +219,8 @@ class Broker:
         """Raises ``BackendUnavailable`` when the backend cannot be reached."""
         await self.backend.start()
         await self._hub.start()
-        if (start_auth := getattr(self.authenticator, "start", None)) is not None:
-            await start_auth()  # OAuth fetches its authorization server's keys, in the background
+        if isinstance(self.authenticator, Lifecycle):
+            await self.authenticator.start()  # OAuth fetches its authorization server's keys, in the background
         if self.settings.embedded_fanout:
             self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels)
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
@@ -250,8 +250,8 @@ class Broker:
             await stop_tasks(self._tasks)
             self._tasks.clear()
             await self.backend.close()
-            if (close_auth := getattr(self.authenticator, "close", None)) is not None:
-                await close_auth()
+            if isinstance(self.authenticator, Lifecycle):
+                await self.authenticator.close()
             for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
                 if (close_provider := getattr(provider, "aclose", None)) is not None:
                     await close_provider()
