@@ -38,7 +38,7 @@ from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, Tena
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
-from broker.resources.base import ResourceProvider, Resources
+from broker.resources.base import ClosingProvider, ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.resume import ResumableListens
 from broker.sessions import Sessions
@@ -255,8 +255,8 @@ class Broker:
             if isinstance(self.authenticator, Lifecycle):
                 await self.authenticator.close()
             for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
-                if (close_provider := getattr(provider, "aclose", None)) is not None:
-                    await close_provider()
+                if isinstance(provider, ClosingProvider):
+                    await provider.aclose()
         finally:
             self.started = False
         self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
