@@ -96,13 +96,12 @@ class BrokerApp:
         challenge = scope_challenger(broker.authenticator)
         self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms,
                                challenge=challenge)
-        render = getattr(broker.metrics, "render", None) if settings.metrics else None
         #: Served directly, each with its name (for the counters) and edge policy.
         self._direct: dict[str, tuple[Responder, str, Route]] = {
             "/changes": (ChangesEndpoint(broker.publisher, settings.max_body_bytes, challenge), "changes", CHANGES),
             "/livez": (Livez(), "livez", _PROBE),
             "/readyz": (Readyz(broker.health), "readyz", _PROBE),
-            "/metrics": (MetricsEndpoint(render), "metrics", _PROBE),
+            "/metrics": (MetricsEndpoint(broker.metrics.render), "metrics", _PROBE),
             # RFC 9728, asked for before a client has any token (with OAuth on; none otherwise).
             **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
         }

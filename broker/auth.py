@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from broker.config import Settings
-from broker.identity import ALL_SCOPES, SCOPES, AuthUnavailable, Principal, TokenVerifier, Unauthorized
+from broker.identity import ALL_SCOPES, SCOPES, AuthUnavailable, Lifecycle, Principal, TokenVerifier, Unauthorized
 
-__all__ = ["ALL_SCOPES", "SCOPES", "Anonymous", "ApiKeys", "AuthUnavailable", "Authenticator", "Bearer", "Principal",
-           "TokenVerifier", "Unauthorized", "authenticator_for", "bearer_token"]
+__all__ = ["ALL_SCOPES", "SCOPES", "Anonymous", "ApiKeys", "AuthUnavailable", "Authenticator", "Bearer", "Lifecycle",
+           "Principal", "ProtectedResource", "TokenVerifier", "Unauthorized", "authenticator_for", "bearer_token"]
 
 
 class Authenticator(Protocol):
@@ -38,6 +38,15 @@ class Authenticator(Protocol):
             Unauthorized: the request carries no credentials this authenticator accepts.
             AuthUnavailable: its credentials cannot be checked right now.
         """
+
+
+@runtime_checkable
+class ProtectedResource(Protocol):
+    """An authenticator that names this server's protected resource metadata (RFC 9728) in its challenges,
+    so that a 403 for a missing scope can name it too (a client finds there where to ask for the scope)."""
+
+    #: The metadata's absolute URL; None: none is published.
+    resource_metadata: str | None
 
 
 class Anonymous:
@@ -119,15 +128,13 @@ class Bearer:
     async def start(self) -> None:
         """Start the verifiers that hold connections (an authorization server's key set)."""
         for verifier in self.verifiers:
-            start = getattr(verifier, "start", None)
-            if start is not None:
-                await start()
+            if isinstance(verifier, Lifecycle):
+                await verifier.start()
 
     async def close(self) -> None:
         for verifier in self.verifiers:
-            close = getattr(verifier, "close", None)
-            if close is not None:
-                await close()
+            if isinstance(verifier, Lifecycle):
+                await verifier.close()
 
 
 def authenticator_for(settings: Settings, stored_keys: TokenVerifier | None = None) -> Authenticator:

@@ -157,14 +157,11 @@ class Fanout:
         over at its next hold (within a sixth of ``fanout_claim_idle_ms``) instead of after
         the whole lease (a rolling restart would stall fan-out that long otherwise).
         """
-        reporter = None
-        if self._metrics is not NO_METRICS:
-            reporter = asyncio.create_task(self._report(), name="fanout-metrics")
+        reporter = asyncio.create_task(self._metrics.sample_every(REPORT_INTERVAL, self._report), name="fanout-metrics")
         try:
             await self._consume()
         finally:
-            if reporter is not None:
-                reporter.cancel()
+            reporter.cancel()
             try:
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     await self.changelog.release(self.name)
@@ -175,23 +172,18 @@ class Fanout:
             self._reported({})
 
     async def _report(self) -> None:
-        """Every ``REPORT_INTERVAL`` seconds: the partitions this consumer holds and each one's lag.
+        """The partitions this consumer holds and each one's lag, sampled every ``REPORT_INTERVAL`` seconds.
 
-        Off the hot path: one backend call per interval, asked of the change log, which knows its
-        partitions (``lag``; a change log without it reports nothing).
+        Off the hot path: one backend call per round, asked of the change log, which knows its
+        partitions (``lag``). Without metrics no round is made (``Metrics.sample_every``).
         """
-        lag_of = getattr(self.changelog, "lag", None)
-        if lag_of is None:
-            return
-        while True:
-            try:
-                self._reported(await lag_of(self.name))
-            except BackendUnavailable:
-                pass  # the figures stay as last seen; fan-out logs the outage
-            except Exception:  # the task's boundary: the next round must still run
-                raise_if_cancelled()
-                logger.exception("could not report the change-log lag")
-            await asyncio.sleep(REPORT_INTERVAL)
+        try:
+            self._reported(await self.changelog.lag(self.name))
+        except BackendUnavailable:
+            pass  # the figures stay as last seen; fan-out logs the outage
+        except Exception:  # the sample's boundary: the next round must still run
+            raise_if_cancelled()
+            logger.exception("could not report the change-log lag")
 
     def _reported(self, lag: dict[int, tuple[int, float]]) -> None:
         """Set the gauges: ``lag`` per partition held; a partition no longer held reports 0, so the

@@ -11,9 +11,10 @@ from __future__ import annotations
 import ipaddress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
-__all__ = ["ALL_SCOPES", "PEER", "SCOPES", "AuthUnavailable", "Principal", "TokenVerifier", "Unauthorized", "peer_key"]
+__all__ = ["ALL_SCOPES", "PEER", "SCOPES", "AuthUnavailable", "Lifecycle", "Principal", "TokenVerifier", "Unauthorized",
+           "peer_key"]
 
 #: What a principal may do: read resources, watch them, write records, publish changes.
 SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
@@ -73,6 +74,18 @@ class AuthUnavailable(Exception):
     def __init__(self, reason: str, retry_after: int = 1) -> None:
         super().__init__(reason)
         self.retry_after = max(1, retry_after)
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """An authenticator or a verifier that holds connections or tasks (an authorization server's key
+    set): started with the broker, closed when it stops. Those that hold nothing need neither."""
+
+    async def start(self) -> None:
+        """Begin; must not wait on anything remote (the broker starts whether it answers or not)."""
+
+    async def close(self) -> None:
+        """Let go of what ``start`` and the checks since took; the broker may start it again."""
 
 
 class TokenVerifier(Protocol):

@@ -6,8 +6,15 @@ as ``prometheus_client``'s ``labels()`` does); the hot path then calls ``inc`` /
 ``observe`` on an instrument it already holds, one method call with no keyword arguments, and
 with ``NO_METRICS`` (the default) that call does nothing. Labels known only later (an end
 reason) ask for the instrument then, off the hot path. A binding (Prometheus, StatsD, a test's
-recorder) implements ``Metrics`` in one file and is wired in with one line:
+recorder) implements ``Instruments`` in one file and is wired in with one line:
 ``Broker(settings, metrics=MyMetrics())``.
+
+The wiring asks three more things of the binding (``Metrics``): to sample figures that are
+counted off the request path (a store's session count, the change log's lag) on an interval,
+its exposition for ``GET /metrics``, and to let go when the process stops. ``NO_METRICS`` does
+none of them, and a sample it is given never runs, so nothing is counted for nobody; nothing
+in the broker asks whether metrics are on. A binding that lacks any of the three gets the
+default (``complete``): samples on the interval, no exposition, nothing to close.
 
 Every instrument the broker reports is declared here, in ``CATALOG``, with its kind, help text
 and label names, so the names exist once and a binding can create them all up front (and a
@@ -17,9 +24,10 @@ and bounded: kinds, eras, reasons, never URIs or session ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "CATALOG",
@@ -29,11 +37,15 @@ __all__ = [
     "Gauge",
     "Histogram",
     "Instrument",
+    "Instruments",
     "Metrics",
     "NoMetrics",
+    "Sample",
     "TenantCounter",
     "TenantLabels",
     "accepted_at",
+    "complete",
+    "sample_periodically",
 ]
 
 
@@ -53,14 +65,82 @@ class Histogram(Protocol):
     def observe(self, value: float) -> None: ...
 
 
-class Metrics(Protocol):
-    """Where instruments come from: ``name`` is one of ``CATALOG``'s, ``labels`` its label values."""
+#: One round of figures counted off the request path: it reads them and sets its gauges.
+Sample = Callable[[], Awaitable[None]]
+
+
+class Instruments(Protocol):
+    """Where instruments come from: ``name`` is one of ``CATALOG``'s, ``labels`` its label values.
+
+    All that a binding must implement; ``complete`` makes a ``Metrics`` of it.
+    """
 
     def counter(self, name: str, **labels: str) -> Counter: ...
 
     def gauge(self, name: str, **labels: str) -> Gauge: ...
 
     def histogram(self, name: str, **labels: str) -> Histogram: ...
+
+
+@runtime_checkable
+class Metrics(Instruments, Protocol):
+    """The seam as the broker uses it: the instruments, and what the wiring asks of the binding besides."""
+
+    async def sample_every(self, seconds: float, sample: Sample) -> None:
+        """Run ``sample`` now and every ``seconds`` after, until cancelled (``sample_periodically``);
+        a binding that records nothing returns at once, and the figures are never counted."""
+
+    def render(self) -> tuple[bytes, str] | None:
+        """The exposition ``GET /metrics`` serves, and its content type; None: there is none (404)."""
+
+    def close(self) -> None:
+        """The process stops reporting (a worker's live gauges leave the merged figures)."""
+
+
+async def sample_periodically(seconds: float, sample: Sample) -> None:
+    """``sample`` now and every ``seconds`` after, until cancelled: ``Metrics.sample_every`` of a binding
+    that records. ``sample`` handles its own failures (the next round must still run)."""
+    while True:
+        await sample()
+        await asyncio.sleep(seconds)
+
+
+def complete(binding: Instruments) -> Metrics:
+    """``binding`` as the whole seam: its own ``sample_every``, ``render`` and ``close`` where it has them,
+    the defaults where it does not (samples on the interval, no exposition, nothing to close)."""
+    if isinstance(binding, Metrics):
+        return binding
+    return _Completed(binding)
+
+
+class _Completed:
+    """A binding that implements only some of ``Metrics``, with the defaults for the rest."""
+
+    def __init__(self, binding: Instruments) -> None:
+        self.binding = binding
+        # The binding is the user's object: asked once, here, what else it has.
+        self._sample_every: Callable[[float, Sample], Awaitable[None]] = getattr(
+            binding, "sample_every", sample_periodically)
+        self._render: Callable[[], tuple[bytes, str] | None] = getattr(binding, "render", lambda: None)
+        self._close: Callable[[], None] = getattr(binding, "close", lambda: None)
+
+    def counter(self, name: str, **labels: str) -> Counter:
+        return self.binding.counter(name, **labels)
+
+    def gauge(self, name: str, **labels: str) -> Gauge:
+        return self.binding.gauge(name, **labels)
+
+    def histogram(self, name: str, **labels: str) -> Histogram:
+        return self.binding.histogram(name, **labels)
+
+    async def sample_every(self, seconds: float, sample: Sample) -> None:
+        await self._sample_every(seconds, sample)
+
+    def render(self) -> tuple[bytes, str] | None:
+        return self._render()
+
+    def close(self) -> None:
+        self._close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +227,8 @@ _NOTHING: Final = _Nothing()
 
 
 class NoMetrics:
-    """The default binding: instruments that record nothing."""
+    """The binding of a broker without metrics: instruments that record nothing, samples never taken,
+    no exposition, nothing to close."""
 
     __slots__ = ()
 
@@ -159,6 +240,15 @@ class NoMetrics:
 
     def histogram(self, name: str, **labels: str) -> Histogram:
         return _NOTHING
+
+    async def sample_every(self, seconds: float, sample: Sample) -> None:
+        return None  # nothing would record the figures: they are not counted
+
+    def render(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 NO_METRICS: Final = NoMetrics()

@@ -35,7 +35,7 @@ from prometheus_client import Histogram as PromHistogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from broker.metrics import CATALOG, Counter, Gauge, Histogram, Instrument
+from broker.metrics import CATALOG, Counter, Gauge, Histogram, Instrument, Sample, sample_periodically
 
 __all__ = ["CONTENT_TYPE", "ENV", "GAUGE_MODES", "PrometheusMetrics", "multiprocess_dir", "prepare_processes",
            "process_exited"]
@@ -198,6 +198,9 @@ class PrometheusMetrics:
     def histogram(self, name: str, **labels: str) -> Histogram:
         child: Histogram = self._child("histogram", name, labels)
         return child
+
+    async def sample_every(self, seconds: float, sample: Sample) -> None:
+        await sample_periodically(seconds, sample)
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type: of every worker process in multiprocess mode."""

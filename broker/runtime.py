@@ -8,7 +8,8 @@ reaches back into it. The three seams are set here:
 * ``authenticator``: who a request is (``broker.auth``); static API keys by default;
 * ``add_source``: code that publishes changes of data elsewhere (``broker.sources``);
 * ``metrics``: where counters, gauges and histograms go (``broker.metrics``): Prometheus
-  (``broker.prometheus``) unless ``MCP_BROKER_METRICS=false``, then none.
+  (``broker.prometheus``) unless ``MCP_BROKER_METRICS=false``, then none (``NO_METRICS``, which
+  also takes no sample: the session count is never made for it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker import __version__
-from broker.auth import Authenticator, authenticator_for
+from broker.auth import Authenticator, Lifecycle, authenticator_for
 from broker.backends import Backend, create_backend
 from broker.backends.base import SubscriptionIndex
 from broker.changes import ChangeKind, ChangeRules
@@ -33,11 +34,11 @@ from broker.fanout import Fanout
 from broker.health import Health
 from broker.keys import KeyAdmin, StoredKeys
 from broker.methods import Methods
-from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
+from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
-from broker.resources.base import ResourceProvider, Resources
+from broker.resources.base import ClosingProvider, ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.resume import ResumableListens
 from broker.sessions import Sessions
@@ -86,6 +87,7 @@ class CountedSubscriptions:
     """The subscription index as the MCP methods use it, counting each subscription made per tenant.
 
     Only the methods get it: fan-out and streams use the index itself, with nothing in between.
+    Without metrics the count is a call that does nothing, once per subscribe.
     """
 
     def __init__(self, index: SubscriptionIndex, made: TenantCounter) -> None:
@@ -120,10 +122,11 @@ class Broker:
     """
 
     def __init__(self, settings: Settings | None = None, backend: Backend | None = None, *,
-                 metrics: Metrics | None = None, authenticator: Authenticator | None = None) -> None:
-        """``metrics``: by default Prometheus (``GET /metrics``), or none with ``settings.metrics`` off."""
+                 metrics: Instruments | None = None, authenticator: Authenticator | None = None) -> None:
+        """``metrics``: by default Prometheus (``GET /metrics``), or none with ``settings.metrics`` off;
+        a binding given is completed with the defaults of what it lacks (``broker.metrics.complete``)."""
         self.settings = settings = settings or Settings()
-        self.metrics = metrics = default_metrics(settings) if metrics is None else metrics
+        self.metrics = metrics = default_metrics(settings) if metrics is None else complete(metrics)
         #: One per process: a tenant has the same label in every per-tenant counter.
         self.tenant_labels = tenants = TenantLabels(settings.metrics_tenant_limit)
         #: For wiring and tests only: the services below are what the rest of the broker uses.
@@ -150,9 +153,7 @@ class Broker:
                                    listen_metrics, subscriptions, tenant_share(settings, settings.max_listens))
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
-        index: SubscriptionIndex = backend.subscriptions
-        if metrics is not NO_METRICS:
-            index = CountedSubscriptions(backend.subscriptions, subscriptions)
+        index = CountedSubscriptions(backend.subscriptions, subscriptions)
         self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas)
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
@@ -171,6 +172,7 @@ class Broker:
                                      max_read_bytes=settings.max_read_bytes, quotas=self.quotas,
                                      resumables=resumables)
         self.health = Health(backend.ping, self.streams)
+        self._sessions_open = metrics.gauge("mcp_broker_sessions_open")
         self.fanout: Fanout | None = None
         self._sources: list[ChangeSource] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -219,16 +221,16 @@ class Broker:
         """Raises ``BackendUnavailable`` when the backend cannot be reached."""
         await self.backend.start()
         await self._hub.start()
-        if (start_auth := getattr(self.authenticator, "start", None)) is not None:
-            await start_auth()  # OAuth fetches its authorization server's keys, in the background
+        if isinstance(self.authenticator, Lifecycle):
+            await self.authenticator.start()  # OAuth fetches its authorization server's keys, in the background
         if self.settings.embedded_fanout:
             self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels)
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
         self._tasks.append(asyncio.create_task(self.quotas.run(), name="quota-leases"))
         self._tasks.append(asyncio.create_task(self.events.delivery.run(), name="webhook-delivery"))
-        if self.metrics is not NO_METRICS:
-            self._tasks.append(asyncio.create_task(self._count_sessions(), name="sessions-count"))
+        self._tasks.append(asyncio.create_task(self.metrics.sample_every(SESSIONS_COUNT_INTERVAL, self._count_sessions),
+                                               name="sessions-count"))
         self.started = True
         for source in self._sources:
             self._start_source(source)
@@ -250,30 +252,25 @@ class Broker:
             await stop_tasks(self._tasks)
             self._tasks.clear()
             await self.backend.close()
-            if (close_auth := getattr(self.authenticator, "close", None)) is not None:
-                await close_auth()
+            if isinstance(self.authenticator, Lifecycle):
+                await self.authenticator.close()
             for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
-                if (close_provider := getattr(provider, "aclose", None)) is not None:
-                    await close_provider()
+                if isinstance(provider, ClosingProvider):
+                    await provider.aclose()
         finally:
             self.started = False
-        close = getattr(self.metrics, "close", None)
-        if close is not None:
-            close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
+        self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
 
     async def _count_sessions(self) -> None:
-        """``mcp_broker_sessions_open`` every ``SESSIONS_COUNT_INTERVAL`` seconds: one count of the store,
-        off every request's path (the first one at once)."""
-        gauge = self.metrics.gauge("mcp_broker_sessions_open")
-        while True:
-            try:
-                gauge.set(await self.backend.sessions.count())
-            except BackendUnavailable:
-                pass  # the figure stays as last counted
-            except Exception:  # the loop's boundary: counting must go on after any one failure
-                raise_if_cancelled()
-                logger.exception("counting the open sessions failed")
-            await asyncio.sleep(SESSIONS_COUNT_INTERVAL)
+        """``mcp_broker_sessions_open``, sampled every ``SESSIONS_COUNT_INTERVAL`` seconds (the first at once):
+        one count of the store, off every request's path."""
+        try:
+            self._sessions_open.set(await self.backend.sessions.count())
+        except BackendUnavailable:
+            pass  # the figure stays as last counted
+        except Exception:  # the sample's boundary: counting must go on after any one failure
+            raise_if_cancelled()
+            logger.exception("counting the open sessions failed")
 
     async def _expire_loop(self) -> None:
         interval = max(min(self.settings.session_ttl / 4, 60.0), 0.05)

@@ -206,6 +206,10 @@ class ChangeLog(Protocol):
     async def release(self, consumer: str) -> None:
         """Give up ``consumer``'s leases: another consumer takes its partitions at once."""
 
+    async def lag(self, consumer: str) -> dict[int, tuple[int, float]]:
+        """For the metrics: per partition ``consumer`` holds, the changes not yet fanned out and the age
+        in seconds of the oldest of them (a partition it does not hold is not named)."""
+
 
 class Broadcast(Protocol):
     """Processed changes, to every process of the deployment (for the listens each one holds)."""

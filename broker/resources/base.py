@@ -10,14 +10,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
 from broker.auth import Principal
 from broker.errors import NotFound
 
-__all__ = ["BadCursor", "ResourceProvider", "Resources"]
+__all__ = ["BadCursor", "ClosingProvider", "ResourceProvider", "Resources"]
 
 Json = dict[str, Any]
 
@@ -42,6 +42,13 @@ class ResourceProvider(Protocol):
         """The contents of ``uri``. Raises NotFound when it does not exist for this principal."""
 
     def templates(self, principal: Principal) -> list[Json]: ...
+
+
+@runtime_checkable
+class ClosingProvider(Protocol):
+    """A provider that holds connections (a database pool): the broker closes it as it stops."""
+
+    async def aclose(self) -> None: ...
 
 
 def _encode_cursor(index: int, state: str) -> str:

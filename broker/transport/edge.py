@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from broker import scopes
-from broker.auth import Authenticator, AuthUnavailable, Principal, Unauthorized
+from broker.auth import Authenticator, AuthUnavailable, Principal, ProtectedResource, Unauthorized
 from broker.errors import BackendUnavailable
 from broker.identity import PEER, peer_key
 from broker.protocol import jsonrpc as rpc
@@ -79,7 +79,7 @@ def unavailable(style: Style) -> Response:
 def scope_challenger(authenticator: Authenticator) -> Callable[[str], str]:
     """The ``WWW-Authenticate`` value of a 403 for a missing scope, naming the authenticator's resource
     metadata (RFC 9728) when it has one, so a client can ask its authorization server for that scope."""
-    metadata: str | None = getattr(authenticator, "resource_metadata", None)
+    metadata = authenticator.resource_metadata if isinstance(authenticator, ProtectedResource) else None
     return lambda scope: scopes.challenge(scope, metadata)
 
 

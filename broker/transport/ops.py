@@ -32,8 +32,8 @@ from broker.transport.edge import detail, json_response
 
 __all__ = ["Livez", "MetricsEndpoint", "Readyz", "ResourceMetadata", "resource_metadata_paths"]
 
-#: What a metrics binding renders: the body and its content type.
-Render = Callable[[], tuple[bytes, str]]
+#: What a metrics binding renders: the body and its content type, or None when it has no exposition.
+Render = Callable[[], tuple[bytes, str] | None]
 
 
 class Livez:
@@ -53,13 +53,14 @@ class Readyz:
 
 
 class MetricsEndpoint:
-    def __init__(self, render: Render | None) -> None:
+    def __init__(self, render: Render) -> None:
         self.render = render
 
     async def respond(self, scope: Scope, receive: Receive) -> Response:
-        if self.render is None:
+        exposition = self.render()
+        if exposition is None:
             return detail(404, "no metrics binding is configured")
-        body, content_type = self.render()
+        body, content_type = exposition
         return Response(body, media_type=content_type)
 
 

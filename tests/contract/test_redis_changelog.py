@@ -89,7 +89,7 @@ async def test_a_read_that_arrives_after_its_lease_lapsed_takes_nothing_from_the
         ids = [await backend.changelog.publish(Change("a", f"x:{n}")) for n in range(5)]
         log = backend.changelog
         await backend.redis.set(backend.keys.lease(0), "new-holder", px=60_000)
-        assert await log._readgroup("late-reader", [0], 10, None) == []
+        assert await log._reader._readgroup("late-reader", [0], 10, None) == []
         taken = await backend.changelog.read("new-holder", 10, 0)
         assert [change_id for change_id, _ in taken] == ids
     finally:

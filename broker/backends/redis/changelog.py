@@ -37,12 +37,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from broker.backends.redis.batch import Batch
-from broker.backends.redis.changelog_read import FencedReads
+from broker.backends.redis.changelog_read import FencedReader
 from broker.backends.redis.codec import as_text, encode_change
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.durable import Durability
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
-from broker.backends.redis.lag import LagReport
+from broker.backends.redis.lag import partition_lag
 from broker.backends.redis.leases import PartitionLeases
 from broker.backends.redis.partitioning import Partitioning
 from broker.backends.redis.scripts import Scripts
@@ -63,7 +63,7 @@ DRAIN_LOOK_INTERVAL = 0.1
 SEALED_TRIES = 50
 
 
-class RedisChangeLog(FencedReads, LagReport):
+class RedisChangeLog:
     """Published changes, read by fan-out under partition leases; each method translates connection errors."""
 
     def __init__(self, settings: Settings, client: Client, keys: Keys, scripts: Scripts, *, cluster: bool,
@@ -78,16 +78,17 @@ class RedisChangeLog(FencedReads, LagReport):
         self.partitioning = Partitioning(client, keys, scripts, settings.changelog_partitions)
         self.leases = PartitionLeases(client, keys, scripts, partitions=self.partitioning.reading.numbers,
                                       lease_ms=max(settings.fanout_claim_idle_ms, 30), cluster=cluster)
-        self._rotate = 0
-        self._unreadable: list[str] = []
         self._next_look = 0.0
-        # Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
-        self._max_block_ms = max(int(settings.redis_socket_timeout * 1000) - 1000, 100)
+        self._reader = FencedReader(client, keys, scripts, self.leases, self.partitioning, self.ack, cluster=cluster,
+                                    max_block_ms=max(int(settings.redis_socket_timeout * 1000) - 1000, 100))
         #: Per partition, the changes not yet fanned out when this process last acknowledged
         #: or trimmed: what a store that restarts empty would lose (logged then).
         self.backlog: dict[int, int] = {}
-        #: Unreadable entries this process dropped (each is logged with its id).
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        """Unreadable entries this process dropped (each is logged with its id)."""
+        return self._reader.dropped
 
     @property
     def partitions(self) -> int:
@@ -241,7 +242,7 @@ class RedisChangeLog(FencedReads, LagReport):
                 holding.sweep[partition] = "0-0"
         try:
             with unavailable("changelog.read"):
-                found = await self._read(consumer, count, block_ms)
+                found = await self._reader.read(consumer, count, block_ms)
         except BaseException:
             # Whatever the server did: this consumer may now have entries pending it never saw.
             holding.held = []
@@ -303,6 +304,12 @@ class RedisChangeLog(FencedReads, LagReport):
             self._trimmed.inc(int(trimmed))
         # Only now: ids whose acknowledgement failed are handed out again at the next read.
         self.leases.acknowledged(ids)
+
+    async def lag(self, consumer: str) -> dict[int, tuple[int, float]]:
+        """For the metrics: per partition ``consumer`` holds, the changes not yet fanned out and the
+        age in seconds of the oldest of them (``partition_lag``)."""
+        with unavailable("changelog.lag"):
+            return await partition_lag(self.client, self.keys, list(self.leases.share_of(consumer).held))
 
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -25,7 +25,7 @@ from broker.backends.redis.partitioning import Partitioning
 from broker.backends.redis.scripts import Scripts
 from broker.changes import Change
 
-__all__ = ["FencedReads"]
+__all__ = ["FencedReader"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +35,29 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class FencedReads:
-    """The reads of ``RedisChangeLog``, which has the client, the keys, the leases and ``ack``."""
+class FencedReader:
+    """The reads of one process's fan-out consumers, fenced by the partition leases.
 
-    client: Client
-    keys: Keys
-    scripts: Scripts
-    cluster: bool
-    leases: PartitionLeases
-    partitioning: Partitioning
-    dropped: int
-    _unreadable: list[str]
-    _rotate: int
-    _max_block_ms: int
+    ``ack`` is the change log's acknowledgement: an entry no version of the broker can read is
+    acknowledged and dropped, so that it does not hold up its neighbours.
+    """
 
-    async def ack(self, ids: Sequence[str]) -> None:
-        raise NotImplementedError
+    def __init__(self, client: Client, keys: Keys, scripts: Scripts, leases: PartitionLeases,
+                 partitioning: Partitioning, ack: Callable[[Sequence[str]], Awaitable[None]], *, cluster: bool,
+                 max_block_ms: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        self.leases = leases
+        self.partitioning = partitioning
+        self.ack = ack
+        self.cluster = cluster
+        #: Longest single BLOCK: below the socket timeout, so a blocked read is never taken for a dead server.
+        self._max_block_ms = max_block_ms
+        self._rotate = 0
+        self._unreadable: list[str] = []
+        #: Unreadable entries this process dropped (each is logged with its id).
+        self.dropped = 0
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
         out = []
@@ -153,7 +160,9 @@ class FencedReads:
         await self._drop_unreadable()
         return taken
 
-    async def _read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[tuple[str, Change]]:
+        """Up to ``count`` changes of the partitions ``consumer`` holds (it takes its share first), what a
+        lapsed holder left pending first; waits up to ``block_ms``. The caller translates connection errors."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(block_ms, 0) / 1000
         retook = False

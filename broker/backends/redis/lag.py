@@ -1,4 +1,4 @@
-"""How far fan-out is behind on change-log partitions, for the metrics (``RedisChangeLog.lag``)."""
+"""How far fan-out is behind on change-log partitions, for the metrics (``RedisChangeLog.lag`` asks it)."""
 
 from __future__ import annotations
 
@@ -7,26 +7,11 @@ from collections.abc import Sequence
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import as_text
-from broker.backends.redis.connection import Client, unavailable
+from broker.backends.redis.connection import Client
 from broker.backends.redis.keys import Keys
-from broker.backends.redis.leases import PartitionLeases
 from broker.metrics import accepted_at
 
-__all__ = ["LagReport", "partition_lag"]
-
-
-class LagReport:
-    """``lag`` for ``RedisChangeLog``, which has the client, the keys and the leases."""
-
-    client: Client
-    keys: Keys
-    leases: PartitionLeases
-
-    async def lag(self, consumer: str) -> dict[int, tuple[int, float]]:
-        """For the metrics: per partition ``consumer`` holds, the changes not yet fanned out and the
-        age in seconds of the oldest of them (``partition_lag``)."""
-        with unavailable("changelog.lag"):
-            return await partition_lag(self.client, self.keys, list(self.leases.share_of(consumer).held))
+__all__ = ["partition_lag"]
 
 
 async def partition_lag(client: Client, keys: Keys, partitions: Sequence[int]) -> dict[int, tuple[int, float]]:
