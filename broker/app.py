@@ -22,18 +22,17 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from broker import logs
 from broker.config import Settings
-from broker.errors import BackendUnavailable
+from broker.errors import Refusal
 from broker.metrics import Counter
 from broker.runtime import Broker
 from broker.transport.admin import build_admin_router
-from broker.transport.edge import Edge, Style, principal_of, refusal, scope_challenger
+from broker.transport.edge import Edge, Style, principal_of, refusal, refused, scope_challenger
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
 from broker.transport.ops import Livez, MetricsEndpoint, Readyz, ResourceMetadata, resource_metadata_paths
@@ -275,9 +274,9 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
     if broker.keys is not None:  # stored keys on: their admin API (otherwise /admin is a 404)
         api.include_router(build_admin_router(broker.keys, scope_challenger(broker.authenticator)))
 
-    @api.exception_handler(BackendUnavailable)
-    async def unavailable(request: Request, exc: BackendUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": "backend unavailable"}, status_code=503, headers={"Retry-After": "1"})
+    @api.exception_handler(Refusal)
+    async def refusal_answer(request: Request, exc: Refusal) -> Response:
+        return refused(exc)  # an outage, a record quota, the change log's bounds: edge.REST_STATUS
 
     return BrokerApp(broker, api)
 

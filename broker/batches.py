@@ -30,11 +30,11 @@ def check_batch(items: list[Any], max_items: int) -> None:
         RpcError: -32600 with HTTP status 400 (a batch that is invalid as a whole).
     """
     if not items:
-        raise rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: empty batch", status=400)
+        raise rpc.RpcError(rpc.INVALID_REQUEST, "Invalid Request: empty batch")
     if len(items) > max_items:
         raise rpc.RpcError(rpc.INVALID_REQUEST,
                            f"Invalid Request: a batch may hold at most {max_items} messages, this one has {len(items)}",
-                           {"limit": max_items, "items": len(items)}, status=400)
+                           {"limit": max_items, "items": len(items)})
 
 
 def _not_run(id_: rpc.Id | None, max_bytes: int) -> bytes:

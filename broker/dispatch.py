@@ -4,9 +4,9 @@ HTTP (``transport/http.py``) and stdio (``transport/stdio.py``) frame messages, 
 (``protocol.envelope.http_era`` / ``stdio_era``) and turn what this module returns into
 statuses, headers or lines; everything in between is here: ``initialize``, the legacy
 notifications, requests and batches, the 2026-07-28 envelope and method calls, opening a
-listen, and the error a backend outage gets. An ``RpcError`` raised from here carries the HTTP
-status (and ``Retry-After``) that the HTTP transport answers with when the error is the whole
-reply; stdio writes the error and ignores them.
+listen. Errors leave as an ``RpcError`` (a JSON-RPC code) or a domain ``Refusal`` (a quota, a
+bound, an outage) that the transport spells once (``broker.protocol.refusals``) and, on HTTP,
+answers with the status of its code (``broker.transport.rpc``); nothing here picks a status.
 """
 
 from __future__ import annotations
@@ -22,29 +22,21 @@ from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.listen import Listen, ListenIndex
 from broker.delivery.resumable import ResumableListen, wants_resumable
 from broker.delivery.stream import EndReason
-from broker.errors import AnswerTooLarge, LimitExceeded, OverQuota
+from broker.errors import AnswerTooLarge, BackendUnavailable, Refusal
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
 from broker.protocol.jsonrpc import Message
+from broker.protocol.refusals import rpc_error
 from broker.protocol.versions import BATCH_VERSIONS
-from broker.quotas import Lease, Quotas, quota_error
+from broker.quotas import Lease, Quotas
 from broker.resume import ResumableListens, last_event_id
 from broker.scopes import METHOD_SCOPES, forbidden
 from broker.sessions import Sessions
 
-__all__ = ["Dispatcher", "unavailable"]
+__all__ = ["Dispatcher"]
 
 logger = logging.getLogger(__name__)
-
-#: Seconds a client is asked to wait before it tries ``initialize`` again when sessions are full.
-SESSIONS_FULL_RETRY = 5
-
-
-def unavailable() -> rpc.RpcError:
-    """The error of a request the backend could not serve (HTTP 503, ``Retry-After: 1``)."""
-    return rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached; retry",
-                        status=503, retry_after=1)
 
 
 class Dispatcher:
@@ -77,19 +69,13 @@ class Dispatcher:
         """Start a session; the reply and the new session.
 
         Raises:
-            RpcError: -32600 (400) when it is not a request; -32602 for bad params; -32603 (503,
-                ``Retry-After``) when ``max_sessions`` sessions are live.
+            RpcError: -32600 when it is not a request; -32602 for bad params.
+            OverQuota: the tenant's ``sessions`` quota or share. LimitExceeded: ``max_sessions`` sessions are live.
         """
         if not msg.is_request:
-            raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request", status=400)
+            raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request")
         version, client_info, caps = self.methods.initialize(msg.params)
-        try:
-            record = await self.sessions.create(principal, version, client_info, caps)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
-        except LimitExceeded as exc:
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503,
-                               retry_after=SESSIONS_FULL_RETRY) from exc
+        record = await self.sessions.create(principal, version, client_info, caps)
         return rpc.encode_result(msg.id, self.methods.initialize_result(version)), record
 
     async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:
@@ -110,8 +96,8 @@ class Dispatcher:
     async def legacy(self, call: Call, msg: Message, *, whole: bool = False) -> bytes | None:
         """A legacy request's reply, or None for a notification (which has none).
 
-        ``whole``: the reply is the whole answer, so a quota's refusal is raised (the transport
-        answers it with its 429 and ``Retry-After``) rather than put in the reply.
+        ``whole``: the reply is the whole answer, so a refusal is raised (the transport answers it
+        with its status and ``Retry-After``, e.g. a quota's 429) rather than put in the reply.
         """
         if msg.is_request:
             return await self.request(call, msg, whole=whole)
@@ -128,14 +114,21 @@ class Dispatcher:
             await self.sessions.initialized(call.session.id)
 
     async def request(self, call: Call, msg: Message, *, whole: bool = False) -> bytes:
-        """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``)."""
+        """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``).
+
+        Raises ``BackendUnavailable``: the transport answers an outage (HTTP: 503 for the whole message).
+        """
         assert msg.id is not None  # a request has one (parse_message)
         try:
             return self.answer(msg, await self.call(call, msg))
         except rpc.RpcError as exc:
-            if whole and exc.code == rpc.QUOTA_EXCEEDED:
-                raise
             return rpc.encode_error(msg.id, exc)
+        except BackendUnavailable:
+            raise
+        except Refusal as exc:
+            if whole:
+                raise
+            return rpc.encode_error(msg.id, rpc_error(exc))
 
     def answer(self, msg: Message, result: dict[str, Any]) -> bytes:
         """``result`` encoded as the reply to ``msg``, or, when that is more than ``max_read_bytes``, the
@@ -155,7 +148,7 @@ class Dispatcher:
         return rpc.encode_error(msg.id, rpc.RpcError(rpc.INVALID_PARAMS, refused.message, refused.data))
 
     async def call(self, call: Call, msg: Message) -> dict[str, Any]:
-        """One request's result. Raises the ``RpcError`` its method raised."""
+        """One request's result. Raises the ``RpcError`` or ``Refusal`` its method raised."""
         assert msg.method is not None  # a request has one (parse_message)
         return await self.methods.call(call, msg.method, msg.params)
 
@@ -167,17 +160,16 @@ class Dispatcher:
         which answers an outage in the member's reply, having no status to say it with.
 
         Raises:
-            RpcError: -32600 (400) for a session of a version without batches, an empty batch or
-                one longer than ``max_batch_items``.
+            RpcError: -32600 for a session of a version without batches, an empty batch or one
+                longer than ``max_batch_items``.
         """
         self.check_batch(items)
         if call.session is None:
             raise rpc.RpcError(rpc.INVALID_REQUEST,
-                               f"Invalid Request: batches are only part of {', '.join(sorted(BATCH_VERSIONS))}",
-                               status=400)
+                               f"Invalid Request: batches are only part of {', '.join(sorted(BATCH_VERSIONS))}")
         if call.session.protocol_version not in BATCH_VERSIONS:
             raise rpc.RpcError(rpc.INVALID_REQUEST,
-                               f"Invalid Request: batches are not part of {call.session.protocol_version}", status=400)
+                               f"Invalid Request: batches are not part of {call.session.protocol_version}")
         answer = member or (lambda msg: self.legacy(call, msg))
         replies = await answer_batch(items, answer, self.max_response_bytes)
         return encode_batch(replies) if replies else None
@@ -186,7 +178,7 @@ class Dispatcher:
         """Refuse an empty batch or one longer than ``max_batch_items`` (before anything else is looked at).
 
         Raises:
-            RpcError: -32600 (400).
+            RpcError: -32600.
         """
         check_batch(items, self.max_batch_items)
 
@@ -207,14 +199,11 @@ class Dispatcher:
         of its stream holds the same one, and the stream it took over leaves it in place.
 
         Raises:
-            RpcError: -31002 (429, ``Retry-After``) when the tenant has its quota of open streams.
+            OverQuota: the tenant has its quota of open streams.
         """
         if self.quotas is None:
             return None
-        try:
-            lease = await self.quotas.acquire("streams", session.tenant, session.id)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
+        lease = await self.quotas.acquire("streams", session.tenant, session.id)
         if lease is None:
             return None
         quotas = self.quotas
@@ -231,8 +220,8 @@ class Dispatcher:
         ``header`` looks up the request's HTTP headers (SEP-2243); stdio has none.
 
         Raises:
-            RpcError: the request's error, the whole reply: on 2026-07-28 its HTTP status says what
-                kind of error it is (docs/PROTOCOL.md).
+            RpcError, Refusal: the request's error, the whole reply: on 2026-07-28 its HTTP status
+                says what kind of error it is (docs/PROTOCOL.md).
         """
         assert msg.method is not None and msg.id is not None
         check_meta(msg, header)
@@ -250,18 +239,13 @@ class Dispatcher:
         before any stream starts.
 
         Raises:
-            RpcError: -32602 (400) for a bad filter; -32603 when this worker has ``max_listens`` open;
-                -31002 (429) when the tenant has its share of them (``MCP_BROKER_TENANT_SHARE``).
+            RpcError: -32602 for a bad filter.
+            LimitExceeded: this worker has ``max_listens`` open. OverQuota: the tenant has its share of
+                them (``MCP_BROKER_TENANT_SHARE``).
         """
         assert msg.id is not None
         uris, list_changed, ack = listen_filter or self.methods.listen_filter(call, msg.params)
-        try:
-            listen = self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
-        except LimitExceeded as exc:
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Subscription limit reached: too many open listens on this worker",
-                               {"limit": self.listens.max_listens}) from exc
+        listen = self.listens.open(msg.id, call.principal.tenant, uris, list_changed, ack)
         listen.bind(call.principal.credential, call.principal.expires_at)  # it ends with the credential
         return listen
 
@@ -273,7 +257,7 @@ class Dispatcher:
         after its ack; a listen refused there was never counted nor held a place.
 
         Raises:
-            RpcError: as ``listen``; -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
+            RpcError, LimitExceeded, OverQuota: as ``listen``; OverQuota also when the tenant has its quota of listens.
             BackendUnavailable: this worker could not subscribe the broadcast.
         """
         listen_filter = self.methods.listen_filter(call, msg.params)  # a bad filter takes no place
@@ -293,14 +277,11 @@ class Dispatcher:
         """A place in the tenant's ``listens`` quota, None when it has none.
 
         Raises:
-            RpcError: -31002 (429, ``Retry-After``) when the tenant has its quota of listens.
+            OverQuota: the tenant has its quota of listens.
         """
         if self.quotas is None or self.quotas.limits(tenant).listens is None:
             return None
-        try:
-            return await self.quotas.acquire("listens", tenant)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
+        return await self.quotas.acquire("listens", tenant)
 
     async def resumable_listen(self, call: Call, msg: Message,
                                header: Callable[[str], str | None] | None) -> ResumableListen:
@@ -309,8 +290,8 @@ class Dispatcher:
         tenant's ``listens`` quota as a plain listen does.
 
         Raises:
-            RpcError: -32602 (400) for a bad filter or an id the broker never issues; -31002 (429)
-                over the tenant's ``listens`` or ``sessions`` quota; -32603 (503) when ``max_sessions``
+            RpcError: -32602 for a bad filter or an id the broker never issues.
+            OverQuota: over the tenant's ``listens`` or ``sessions`` quota. LimitExceeded: ``max_sessions``
                 sessions are live (a resumable listen keeps its state in one).
         """
         assert msg.id is not None and self.resumables is not None
@@ -321,14 +302,9 @@ class Dispatcher:
         try:
             listen = await self.resumables.open(call.principal, msg.id, uris, list_changed, ack, resume_from,
                                                 stdio=stdio)
-        except BaseException as exc:
+        except BaseException:
             if lease is not None and self.quotas is not None:
                 self.quotas.release(lease)
-            if isinstance(exc, OverQuota):
-                raise quota_error(exc) from exc
-            if isinstance(exc, LimitExceeded):
-                raise rpc.RpcError(rpc.INTERNAL_ERROR, "Too many sessions; retry later", status=503,
-                                   retry_after=SESSIONS_FULL_RETRY) from exc
             raise
         if lease is not None:
             self._leases[listen] = lease

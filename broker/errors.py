@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+from broker.protocol.refusals import Reason
 
 __all__ = [
     "AnswerTooLarge",
@@ -15,6 +18,8 @@ __all__ = [
     "PublishRateLimited",
     "PublishRefused",
     "QuotaExceeded",
+    "Reason",
+    "Refusal",
     "ResourceRefused",
     "SessionNotFound",
     "WriteConflict",
@@ -39,8 +44,39 @@ class BrokerError(Exception):
     """Base of every error the broker raises on purpose."""
 
 
-class BackendUnavailable(BrokerError):
+class Refusal(BrokerError):
+    """The broker declines a request for a ``reason`` (``broker.protocol.refusals.Reason``); nothing was done.
+
+    The core raises it and lets it pass; each boundary spells it once: JSON-RPC in
+    ``broker.protocol.refusals.rpc_error`` (with the HTTP status of its code in
+    ``broker.transport.rpc``), REST in ``broker.transport.edge.refused``. ``retry_after`` is a hint
+    in seconds (None: none), ``data`` what a JSON-RPC error carries of it. ``message`` is for
+    people (the REST ``detail``, logs); a reason with a fixed JSON-RPC text does not show it there.
+    """
+
+    reason: Reason
+    retry_after: int | None = None
+
+    def __init__(self, message: str = "", *, reason: Reason | None = None, retry_after: int | None = None,
+                 data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+        if retry_after is not None:
+            self.retry_after = retry_after
+        self._data = data
+
+    @property
+    def data(self) -> dict[str, Any] | None:
+        return self._data
+
+
+class BackendUnavailable(Refusal):
     """The shared backend (Redis) cannot be reached; the request may be retried later."""
+
+    reason = Reason.UNAVAILABLE
+    retry_after = 1
 
 
 class SessionNotFound(BrokerError):
@@ -75,21 +111,27 @@ class AnswerTooLarge(ResourceRefused):
                          {"uri": uri, "maxBytes": limit})
 
 
-class LimitExceeded(BrokerError):
-    """A configured bound (sessions, listens, URIs, sizes) would be exceeded."""
+class LimitExceeded(Refusal):
+    """A configured bound would be exceeded; ``reason`` names which (sessions, listens, a session's
+    subscriptions, webhook subscriptions, a tenant's records)."""
+
+    def __init__(self, message: str, *, reason: Reason, retry_after: int | None = None,
+                 data: dict[str, Any] | None = None) -> None:
+        super().__init__(message, reason=reason, retry_after=retry_after, data=data)
 
 
 class WriteConflict(BrokerError):
     """A conditional write found another value than the one it was based on."""
 
 
-class PublishRefused(BrokerError):
+class PublishRefused(Refusal):
     """A change was refused before it was acknowledged because the change log could not keep it.
 
     Nothing of the refused call was appended. ``retry_after`` is a hint in seconds: the bound
     frees up as fan-out works through the log.
     """
 
+    reason = Reason.LOG_FULL
     retry_after = 1
 
 
@@ -106,15 +148,17 @@ class QuotaExceeded(PublishRefused):
         else:
             message = (f"tenant {tenant!r} has {pending} changes not yet delivered (at most {limit}); "
                        f"{asked} more refused")
-        super().__init__(message)
+        super().__init__(message, reason=Reason.TOO_LARGE if asked > limit else Reason.BACKLOG)
 
 
-class OverQuota(BrokerError):
+class OverQuota(Refusal):
     """A tenant's quota (``MCP_BROKER_QUOTAS``, ``broker.quotas``) would be exceeded; nothing was done.
 
     ``limit`` names the quota (``sessions``, ``subscriptions``, ``streams``, ``listens``,
     ``publish_per_second``), ``quota`` its value for ``tenant``; ``retry_after`` is a hint in seconds.
     """
+
+    reason = Reason.QUOTA
 
     def __init__(self, limit: str, tenant: str, quota: int, retry_after: int = 5, message: str = "") -> None:
         self.limit = limit
@@ -125,7 +169,7 @@ class OverQuota(BrokerError):
         super().__init__(self.message)
 
     @property
-    def data(self) -> dict[str, object]:
+    def data(self) -> dict[str, Any]:
         """What a JSON-RPC error carries of it."""
         return {"limit": self.limit, "tenant": self.tenant, "quota": self.quota}
 

@@ -25,12 +25,12 @@ from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
 from broker.delivery.resumable import RESUMABLE
-from broker.errors import BackendUnavailable, LimitExceeded, NotFound, OverQuota, ResourceRefused
+from broker.errors import LimitExceeded, NotFound, OverQuota, Refusal, ResourceRefused
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
-from broker.quotas import TenantQuotas, quota_error
+from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
 from broker.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.uris import BadUri, check_uri
@@ -118,14 +118,14 @@ class Methods:
         """Run one request; returns its result. Raises RpcError."""
         known = self.modern_methods if call.modern else LEGACY_METHODS
         if method not in known:
-            raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}", status=404 if call.modern else 200)
+            raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}")
         needed = METHOD_SCOPES.get(method)
         if needed is not None and needed not in call.principal.scopes:
             raise forbidden(method, needed)
         handler = self._handlers[method]
         try:
             result: dict[str, Any] = await handler(call, params)
-        except (rpc.RpcError, BackendUnavailable):
+        except (rpc.RpcError, Refusal):  # spelled by the transport
             raise
         except Exception as exc:  # the method boundary: a provider's bug is an error reply, never a 500
             logger.exception("%s failed", method)
@@ -219,29 +219,24 @@ class Methods:
         session = self._session(call)
         limit = self.settings.max_subscriptions_per_session
         quota = self.quotas.of(session.tenant).subscriptions
-        try:
-            if quota is not None and quota <= limit:
-                # The tenant's quota is the tighter bound; 0 allows none (the store reads 0 as no bound).
-                await self._add_within(session, uri, quota)
-            else:
-                await self.subscriptions.add(session.id, session.tenant, uri, limit)
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
-        except LimitExceeded as exc:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Subscription limit reached: {limit} URIs per session",
-                               {"limit": limit}) from exc
+        if quota is not None and quota <= limit:
+            # The tenant's quota is the tighter bound; 0 allows none (the store reads 0 as no bound).
+            await self._add_within(session, uri, quota)
+        else:
+            await self.subscriptions.add(session.id, session.tenant, uri, limit)  # LimitExceeded past ``limit``
         return {}
 
     async def _add_within(self, session: SessionRecord, uri: str, quota: int) -> None:
         """Subscribe within the tenant's per-session quota. Raises OverQuota (nothing added)."""
-        try:
-            if quota == 0:
-                raise LimitExceeded("no subscriptions")
-            await self.subscriptions.add(session.id, session.tenant, uri, quota)
-        except LimitExceeded as exc:
-            raise OverQuota("subscriptions", session.tenant, quota, 5,
+        refused = OverQuota("subscriptions", session.tenant, quota, 5,
                             f"tenant {session.tenant!r} sessions may hold {quota} subscriptions each "
-                            "(its quota); unsubscribe one first") from exc
+                            "(its quota); unsubscribe one first")
+        if quota == 0:
+            raise refused
+        try:
+            await self.subscriptions.add(session.id, session.tenant, uri, quota)
+        except LimitExceeded as exc:  # the store's bound is the tenant's quota here
+            raise refused from exc
 
     async def _resources_unsubscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         # Not held to the canonical spelling: a subscription made before that rule can still go.
@@ -261,24 +256,23 @@ class Methods:
         """Validate a listen filter; returns (URIs, resourcesListChanged, the acknowledged filter).
 
         Raises:
-            RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs;
-                -31002 (429) for more URIs than the tenant's ``subscriptions`` quota.
+            RpcError: -32602 for a malformed filter, a URI the caller may not read, or too many URIs.
+            OverQuota: more URIs than the tenant's ``subscriptions`` quota.
         """
         if SUBSCRIBE not in call.principal.scopes:
             raise forbidden("subscriptions/listen", SUBSCRIBE)
         spec = params.get("notifications")
         if not isinstance(spec, dict):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.notifications must be an object", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.notifications must be an object", invalid=True)
         for flag in ("toolsListChanged", "promptsListChanged", "resourcesListChanged"):
             if flag in spec and not isinstance(spec[flag], bool):
-                raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", status=400)
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"notifications.{flag} must be a boolean", invalid=True)
         uris = self.watched_uris(call, spec.get("resourceSubscriptions", []), "notifications.resourceSubscriptions")
         # A listen's URIs are its subscriptions: a plain listen is held to the quota as a resumable one is.
         quota = self.quotas.of(call.principal.tenant).subscriptions
         if quota is not None and len(uris) > quota:
-            raise quota_error(OverQuota("subscriptions", call.principal.tenant, quota, 5,
-                                        f"tenant {call.principal.tenant!r} listens may watch {quota} URIs each "
-                                        "(its quota)"))
+            raise OverQuota("subscriptions", call.principal.tenant, quota, 5,
+                            f"tenant {call.principal.tenant!r} listens may watch {quota} URIs each (its quota)")
         list_changed = spec.get("resourcesListChanged") is True
         # Only what the broker honours: it has no tools or prompts, so those flags are left out.
         ack: dict[str, Any] = {}
@@ -292,20 +286,20 @@ class Methods:
         """A list of URIs to watch, held to a listen filter's rules; deduplicated, in order.
 
         Raises:
-            RpcError: -32602 (400) for a value that is not an array of strings, too many URIs or
+            RpcError: -32602 (``invalid``) for a value that is not an array of strings, too many URIs or
                 bytes of them, or a URI the caller may not read (``name`` says which param).
         """
         if not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"{name} must be an array of strings", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"{name} must be an array of strings", invalid=True)
         unique = list(dict.fromkeys(cast(list[str], uris)))
         if len(unique) > self.settings.max_listen_uris:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"Too many URIs: at most {self.settings.max_listen_uris} per listen",
-                               {"limit": self.settings.max_listen_uris}, status=400)
+                               {"limit": self.settings.max_listen_uris}, invalid=True)
         total = sum(len(uri.encode("utf-8", "surrogatepass")) for uri in unique)
         budget = self.settings.max_listen_filter_bytes
         if total > budget:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"The filter's URIs are {total} bytes, more than the limit of "
-                               f"{budget}", {"limit": budget}, status=400)
+                               f"{budget}", {"limit": budget}, invalid=True)
         for uri in unique:
             self.check_watch(call, uri)
         return unique

@@ -34,10 +34,9 @@ from typing import Any, Final
 from broker.backends.base import Quotas as QuotaStore
 from broker.config import Settings
 from broker.errors import BackendUnavailable, OverQuota, PublishRateLimited, raise_if_cancelled
-from broker.protocol import jsonrpc as rpc
 from broker.tenants import tenant_problem
 
-__all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_error", "quota_problems",
+__all__ = ["LEASE_TTL_MS", "LIMITS", "Lease", "Limits", "Quotas", "TenantQuotas", "quota_problems",
            "tenant_share"]
 
 logger = logging.getLogger(__name__)
@@ -157,13 +156,6 @@ def quota_problems(settings: Settings) -> list[str]:
     except ValueError as exc:
         return [str(exc)]
     return []
-
-
-def quota_error(exc: OverQuota) -> rpc.RpcError:
-    """The JSON-RPC error of a refusal by a quota: -31002, ``data`` naming the limit and the tenant;
-    HTTP 429 with ``Retry-After`` when it is the whole reply."""
-    return rpc.RpcError(rpc.QUOTA_EXCEEDED, f"Quota reached: {exc.message}", exc.data, status=429,
-                        retry_after=exc.retry_after)
 
 
 @dataclass(frozen=True, slots=True)

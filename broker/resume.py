@@ -53,7 +53,7 @@ def last_event_id(params: dict[str, Any], header: str | None) -> str | None:
         return header
     value = (params.get("_meta") or {}).get(LAST_EVENT_ID)
     if value is not None and not isinstance(value, str):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"_meta.{LAST_EVENT_ID} must be a string", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"_meta.{LAST_EVENT_ID} must be a string", invalid=True)
     return value
 
 
@@ -92,7 +92,7 @@ class ResumableListens:
             parsed = parse_listen_id(resume_from)
             if parsed is None:
                 raise rpc.RpcError(rpc.INVALID_PARAMS, "Last-Event-ID is not an event id of a resumable listen",
-                                   status=400)
+                                   invalid=True)
             session_id, epoch, offset = parsed
             try:
                 found: SessionRecord | None = await self.sessions.load(session_id, principal)

@@ -62,7 +62,7 @@ def require(principal: Principal, scope: str) -> None:
 def forbidden(method: str, scope: str) -> rpc.RpcError:
     """The JSON-RPC error of an MCP request whose caller lacks ``scope`` (HTTP 403 when it is the whole answer)."""
     return rpc.RpcError(rpc.INSUFFICIENT_SCOPE, f"Forbidden: {method} needs the scope {scope}",
-                        {"scope": scope}, status=403)
+                        {"scope": scope})
 
 
 def challenge(scope: str, resource_metadata: str | None = None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from broker.auth import Principal
 from broker.backends.base import Inboxes, SessionStore
 from broker.backends.types import SessionRecord
-from broker.errors import LimitExceeded, SessionNotFound
+from broker.errors import LimitExceeded, Reason, SessionNotFound
 from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 from broker.quotas import TenantQuotas
 
@@ -50,7 +50,8 @@ class Sessions:
             OverQuota: the tenant has as many live sessions as its ``sessions`` quota, or its share.
         """
         if await self.store.count() >= self.max_sessions:
-            raise LimitExceeded("too many sessions")
+            raise LimitExceeded(f"{self.max_sessions} sessions are live (MCP_BROKER_MAX_SESSIONS)",
+                                reason=Reason.SESSIONS, retry_after=5, data={"limit": "sessions"})
         record = SessionRecord(
             id=secrets.token_urlsafe(24),
             tenant=principal.tenant,

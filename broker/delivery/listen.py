@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from broker.changes import Change
 from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
-from broker.errors import LimitExceeded, OverQuota
+from broker.errors import LimitExceeded, OverQuota, Reason
 from broker.metrics import TenantCounter, accepted_at
 from broker.notifications import LIST_CHANGED_KEY, changes_list, encode_list_changed, encode_update, targets, update_key
 from broker.protocol import messages
@@ -182,7 +182,8 @@ class ListenIndex:
             OverQuota: ``tenant_max`` listens of the tenant are.
         """
         if len(self.streams.listens) >= self.max_listens:
-            raise LimitExceeded(f"at most {self.max_listens} open listens per worker")
+            raise LimitExceeded(f"at most {self.max_listens} open listens per worker", reason=Reason.LISTENS,
+                                data={"limit": self.max_listens})
         if self.tenant_max is not None:
             held = self._per_tenant.get(tenant, 0)
             if held >= self.tenant_max:

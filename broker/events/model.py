@@ -30,12 +30,12 @@ RESOURCE_UPDATED: Final = "mcp.resource.updated"
 #: Where a hidden session of a poll or webhook subscription keeps what it is (``client_capabilities``).
 STATE: Final = "dev.mcp-broker/events"
 
-#: The draft's general-purpose error codes.
-NOT_FOUND: Final = -32011
-FORBIDDEN: Final = -32012
-EXHAUSTED: Final = -32013
-UNSUPPORTED: Final = -32014
-CALLBACK_ERROR: Final = -32015
+#: The draft's general-purpose error codes (their HTTP statuses: ``broker.transport.rpc``).
+NOT_FOUND: Final = rpc.EVENTS_NOT_FOUND
+FORBIDDEN: Final = rpc.EVENTS_FORBIDDEN
+EXHAUSTED: Final = rpc.EVENTS_EXHAUSTED
+UNSUPPORTED: Final = rpc.EVENTS_UNSUPPORTED
+CALLBACK_ERROR: Final = rpc.EVENTS_CALLBACK_ERROR
 
 
 def event_type(delivery: list[str], max_uris: int) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def event_type(delivery: list[str], max_uris: int) -> dict[str, Any]:
 
 
 def not_found(message: str, kind: str) -> rpc.RpcError:
-    return rpc.RpcError(NOT_FOUND, message, {"kind": kind}, status=404)
+    return rpc.RpcError(NOT_FOUND, message, {"kind": kind})
 
 
 def iso(at: float) -> str:

@@ -30,7 +30,7 @@ __all__ = ["EventPolls"]
 def _count(params: dict[str, Any], name: str, default: int, most: int) -> int:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name} must be a positive integer", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name} must be a positive integer", invalid=True)
     return min(int(value), most)
 
 
@@ -46,17 +46,17 @@ class EventPolls:
         what = wanted(self.methods, call, params, "poll")
         cursor = params.get("cursor")
         if cursor is not None and not isinstance(cursor, str):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string or null", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string or null", invalid=True)
         limit = _count(params, "maxEvents", self.settings.events_poll_default, self.settings.events_poll_max)
         max_age = params.get("maxAgeMs")
         if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.maxAgeMs must be a non-negative integer", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.maxAgeMs must be a non-negative integer", invalid=True)
         if cursor is None:
             session = await self.state.create(call.principal, what)
             return self._result([], format_listen_id(session.id, session.epoch, 0), truncated=False, more=False)
         parsed = parse_listen_id(cursor)
         if parsed is None:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor is not a cursor this server issued", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor is not a cursor this server issued", invalid=True)
         session_id, epoch, offset = parsed
         found = await self.state.load(call.principal, session_id, what)
         if found is None:

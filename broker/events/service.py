@@ -58,5 +58,5 @@ class Events:
 
     async def _list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         if params.get("cursor") is not None:  # one page holds every event type: no cursor is ever issued
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]}, status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]}, invalid=True)
         return {"events": [event_type(self.modes, self.settings.max_listen_uris)]}

@@ -15,11 +15,11 @@ from typing import Any
 from broker.auth import Principal
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
-from broker.errors import LimitExceeded, OverQuota, SessionNotFound
-from broker.events.model import EXHAUSTED, RESOURCE_UPDATED, STATE, not_found
+from broker.errors import OverQuota, SessionNotFound
+from broker.events.model import RESOURCE_UPDATED, STATE, not_found
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
-from broker.quotas import TenantQuotas, quota_error
+from broker.quotas import TenantQuotas
 from broker.resume import LISTEN_VERSION
 from broker.sessions import Sessions
 
@@ -30,23 +30,23 @@ def wanted(methods: Methods, call: Call, params: dict[str, Any], mode: str) -> d
     """What a request subscribes to, canonical: ``{"name", "arguments": {"uris": sorted}, "mode"}``.
 
     Raises:
-        RpcError: -32602 (400) for a bad name or arguments (the URIs held to a listen filter's
-            rules); -32011 (404) for an event type the server does not have.
+        RpcError: -32602 (``invalid``) for a bad name or arguments (the URIs held to a listen
+            filter's rules); -32011 for an event type the server does not have.
     """
     name = params.get("name")
     if not isinstance(name, str):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a string", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a string", invalid=True)
     if name != RESOURCE_UPDATED:
         raise not_found(f"Unknown event: {name[:100]!r}; events/list names the one this server has", "event")
     arguments = params.get("arguments")
     if not isinstance(arguments, dict):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.arguments must be an object: {"uris": [...]}', status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.arguments must be an object: {"uris": [...]}', invalid=True)
     if unknown := sorted(set(arguments) - {"uris"}):
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown arguments: {', '.join(unknown)[:200]}; known: uris",
-                           status=400)
+                           invalid=True)
     uris = methods.watched_uris(call, arguments.get("uris"), "arguments.uris")
     if not uris:
-        raise rpc.RpcError(rpc.INVALID_PARAMS, "arguments.uris must name at least one resource", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "arguments.uris must name at least one resource", invalid=True)
     return {"name": name, "arguments": {"uris": sorted(uris)}, "mode": mode}
 
 
@@ -63,21 +63,14 @@ class EventSessions:
         """A new session serving ``what``, subscribed to its URIs.
 
         Raises:
-            RpcError: -31002 (429) over the tenant's ``sessions`` quota, or with more URIs than its
-                ``subscriptions`` quota; -32013 (503) when ``max_sessions`` sessions are live.
+            OverQuota: over the tenant's ``sessions`` quota, or with more URIs than its ``subscriptions`` quota.
+            LimitExceeded: ``max_sessions`` sessions are live.
         """
         quota = self.quotas.of(principal.tenant).subscriptions
         if quota is not None and len(what["arguments"]["uris"]) > quota:
-            raise quota_error(OverQuota("subscriptions", principal.tenant, quota, 5,
-                                        f"tenant {principal.tenant!r} may watch {quota} URIs per subscription "
-                                        "(its quota)"))
-        try:
-            session = await self.sessions.create(principal, LISTEN_VERSION, {}, {STATE: what})
-        except OverQuota as exc:
-            raise quota_error(exc) from exc
-        except LimitExceeded as exc:
-            raise rpc.RpcError(EXHAUSTED, "Too many sessions; retry later", {"limit": "sessions"}, status=503,
-                               retry_after=5) from exc
+            raise OverQuota("subscriptions", principal.tenant, quota, 5,
+                            f"tenant {principal.tenant!r} may watch {quota} URIs per subscription (its quota)")
+        session = await self.sessions.create(principal, LISTEN_VERSION, {}, {STATE: what})
         for uri in what["arguments"]["uris"]:
             await self.subscriptions.add(session.id, session.tenant, uri)
         return session

@@ -37,11 +37,11 @@ from broker.config import Settings
 from broker.delivery.resumable import format_listen_id
 from broker.errors import LimitExceeded, OverQuota
 from broker.events.callbacks import CallbackRefused, Callbacks, Target
-from broker.events.model import CALLBACK_ERROR, EXHAUSTED, FORBIDDEN, UNSUPPORTED, iso, not_found
+from broker.events.model import CALLBACK_ERROR, FORBIDDEN, UNSUPPORTED, iso, not_found
 from broker.events.state import EventSessions, wanted
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
-from broker.quotas import Quotas, TenantQuotas, quota_error
+from broker.quotas import Quotas, TenantQuotas
 from broker.sessions import Sessions
 
 __all__ = ["ANONYMOUS", "WebhookSubscriptions", "subscription_id"]
@@ -64,7 +64,7 @@ def _secret(delivery: dict[str, Any]) -> str:
         except ValueError:  # binascii.Error, or characters that are not ASCII
             pass
     raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.secret must be whsec_ followed by the base64 of 24 to 64 "
-                       "random bytes (Standard Webhooks)", status=400)
+                       "random bytes (Standard Webhooks)", invalid=True)
 
 
 class WebhookSubscriptions:
@@ -87,19 +87,18 @@ class WebhookSubscriptions:
     def _delivery(self, call: Call, params: dict[str, Any]) -> tuple[dict[str, Any], str]:
         if not self.authenticated or call.principal.subject == ANONYMOUS:
             raise rpc.RpcError(FORBIDDEN, "Forbidden: webhooks need an authenticated principal (this server takes "
-                               "anonymous callers); use events/poll", status=403)
+                               "anonymous callers); use events/poll")
         delivery = params.get("delivery")
         if not isinstance(delivery, dict):
             raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.delivery must be {"mode": "webhook", "url", "secret"}',
-                               status=400)
+                               invalid=True)
         mode = delivery.get("mode", "webhook")
         if mode != "webhook":
             raise rpc.RpcError(UNSUPPORTED, "events/subscribe delivers by webhook only; poll with events/poll",
-                               {"feature": "deliveryMode", "value": mode if isinstance(mode, str) else None},
-                               status=400)
+                               {"feature": "deliveryMode", "value": mode if isinstance(mode, str) else None})
         url = delivery.get("url")
         if not isinstance(url, str):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.url must be a string", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "delivery.url must be a string", invalid=True)
         return delivery, url
 
     def _ttl_ms(self, params: dict[str, Any]) -> int:
@@ -108,7 +107,7 @@ class WebhookSubscriptions:
         elif params["ttlMs"] is None:
             asked = self.settings.webhook_max_ttl_ms  # no expiry asked for: the longest this server grants
         elif isinstance(params["ttlMs"], bool) or not isinstance(params["ttlMs"], int) or params["ttlMs"] < 0:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.ttlMs must be a non-negative integer or null", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.ttlMs must be a non-negative integer or null", invalid=True)
         else:
             asked = params["ttlMs"]
         return max(self.settings.webhook_min_ttl_ms, min(asked, self.settings.webhook_max_ttl_ms))
@@ -117,7 +116,7 @@ class WebhookSubscriptions:
         try:
             return await self.callbacks.check(url)
         except CallbackRefused as exc:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"delivery.url refused: {exc}", status=400) from exc
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"delivery.url refused: {exc}", invalid=True) from exc
 
     async def subscribe(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         delivery, url = self._delivery(call, params)
@@ -126,7 +125,7 @@ class WebhookSubscriptions:
         ttl = self._ttl_ms(params)
         cursor = params.get("cursor")
         if cursor is not None and not isinstance(cursor, str):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string or null", status=400)
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string or null", invalid=True)
         target = await self._target(url)
         sub_id = subscription_id(call.principal.key, url, what["name"], what["arguments"])
         now = time.time()
@@ -157,31 +156,24 @@ class WebhookSubscriptions:
         """Store a new subscription, held to the deployment's bound and the tenant's ``webhooks`` quota.
 
         Raises:
-            RpcError: -31002 (429) over the tenant's quota; -32013 (429) at the deployment's bound
-                (its hidden session is ended then).
+            OverQuota: over the tenant's ``webhooks`` quota. LimitExceeded: at the deployment's bound
+                (``Reason.WEBHOOKS``). Its hidden session is ended then.
         """
-        most = self.settings.webhook_max_subscriptions
         try:
-            return await self.store.create(record, most, self.quotas.of(record.tenant).webhooks)
-        except OverQuota as exc:
+            return await self.store.create(record, self.settings.webhook_max_subscriptions,
+                                           self.quotas.of(record.tenant).webhooks)
+        except (OverQuota, LimitExceeded):
             await self.sessions.end(record.session)
-            raise quota_error(exc) from exc
-        except LimitExceeded as exc:
-            await self.sessions.end(record.session)
-            raise rpc.RpcError(EXHAUSTED, "Too many webhook subscriptions", {"limit": "subscriptions", "max": most},
-                               status=429, retry_after=60) from exc
+            raise
 
     async def _verify(self, url: str, secret: str, sub_id: str, tenant: str) -> None:
         """The draft's endpoint verification, counted against the tenant before it is sent.
 
-        Raises RpcError: -32015 with ``data.reason``; -31002 (429) once the tenant sent its
+        Raises RpcError: -32015 with ``data.reason``; OverQuota once the tenant sent its
         ``webhook_verifications_per_minute`` (each is a signed POST to a URL the caller chose).
         """
         if self.buckets is not None:
-            try:
-                await self.buckets.verification(tenant, self.settings.webhook_verifications_per_minute)
-            except OverQuota as exc:
-                raise quota_error(exc) from exc
+            await self.buckets.verification(tenant, self.settings.webhook_verifications_per_minute)
         challenge = secrets.token_urlsafe(24)
         body = orjson.dumps({"type": "verification", "challenge": challenge})
         outcome = await self.callbacks.post(url, secret, f"msg_verification_{secrets.token_hex(8)}", body, sub_id,
@@ -196,7 +188,7 @@ class WebhookSubscriptions:
                 return
             reason = "challenge_failed"
         raise rpc.RpcError(CALLBACK_ERROR, "The callback endpoint did not confirm the subscription",
-                           {"reason": reason}, status=400)
+                           {"reason": reason})
 
     def _answer(self, record: WebhookRecord, expires: float, *, truncated: bool, status: bool) -> dict[str, Any]:
         result: dict[str, Any] = {"id": record.id, "refreshBefore": iso(expires),

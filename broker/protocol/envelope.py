@@ -14,7 +14,7 @@ client that declares no capabilities at all. The broker never asks the client fo
 elicitation or roots (it returns no ``InputRequiredResult``), and a listen filter needs no
 client capability either. ``clientCapabilities`` is still required to be an object, as the
 specification says, and is otherwise ignored. A future method that needs one must raise
-``RpcError(MISSING_CLIENT_CAPABILITY, ..., {"requiredCapabilities": {...}}, status=400)``
+``RpcError(MISSING_CLIENT_CAPABILITY, ..., {"requiredCapabilities": {...}})``
 from here, checked against *this* request's capabilities only.
 """
 
@@ -88,18 +88,18 @@ def check_meta(msg: Message, header: Callable[[str], str | None] | None = None) 
     meta = msg.params.get("_meta")
     if not isinstance(meta, dict):
         raise rpc.RpcError(rpc.INVALID_PARAMS, "params._meta is required (protocolVersion, clientCapabilities)",
-                           status=400)
+                           invalid=True)
     version = meta.get(PROTOCOL_VERSION_KEY)
     if not isinstance(version, str):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params._meta[{PROTOCOL_VERSION_KEY!r}] is required", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params._meta[{PROTOCOL_VERSION_KEY!r}] is required", invalid=True)
     caps = meta.get(CLIENT_CAPABILITIES_KEY)
     if not isinstance(caps, dict):
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params._meta[{CLIENT_CAPABILITIES_KEY!r}] is required", status=400)
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params._meta[{CLIENT_CAPABILITIES_KEY!r}] is required", invalid=True)
     if header is not None:
         check_headers(msg, version, header)
     if version not in MODERN_VERSIONS:
         raise rpc.RpcError(rpc.UNSUPPORTED_PROTOCOL_VERSION, f"Unsupported protocol version: {version}",
-                           {"supported": list(MODERN_VERSIONS), "requested": version}, status=400)
+                           {"supported": list(MODERN_VERSIONS), "requested": version})
     return version, caps
 
 
@@ -120,7 +120,7 @@ def decode_header_value(value: str) -> str:
 
 
 def _mismatch(text: str) -> rpc.RpcError:
-    return rpc.RpcError(rpc.HEADER_MISMATCH, f"Header mismatch: {text}", status=400)
+    return rpc.RpcError(rpc.HEADER_MISMATCH, f"Header mismatch: {text}")
 
 
 def check_headers(msg: Message, version: str, header: Callable[[str], str | None]) -> None:

@@ -14,6 +14,12 @@ import orjson
 __all__ = [
     "HEADER_MISMATCH",
     "INTERNAL_ERROR",
+    "EVENTS_CALLBACK_ERROR",
+    "EVENTS_EXHAUSTED",
+    "EVENTS_FORBIDDEN",
+    "EVENTS_NOT_FOUND",
+    "EVENTS_UNSUPPORTED",
+    "INSUFFICIENT_SCOPE",
     "INVALID_PARAMS",
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
@@ -22,6 +28,7 @@ __all__ = [
     "PARSE_ERROR",
     "QUOTA_EXCEEDED",
     "RESOURCE_NOT_FOUND",
+    "SERVICE_UNAVAILABLE",
     "UNSUPPORTED_PROTOCOL_VERSION",
     "Message",
     "RpcError",
@@ -45,12 +52,20 @@ MISSING_CLIENT_CAPABILITY: Final = -32021
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
 #: Broker-defined, outside the reserved range: the caller's credential lacks the scope in ``data.scope``.
 INSUFFICIENT_SCOPE: Final = -31003
-#: Broker-defined, outside the reserved range: the backend is unreachable, retry later.
+#: Broker-defined, outside the reserved range: the broker cannot serve this now (its backend is unreachable,
+#: or it holds ``MCP_BROKER_MAX_SESSIONS`` sessions); retry later. HTTP 503.
 SERVICE_UNAVAILABLE: Final = -31000
 #: Broker-defined: the tenant is at one of its quotas (``data.limit`` names which); HTTP 429.
 QUOTA_EXCEEDED: Final = -31002
 #: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.
 NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
+#: The events extension draft's (SEP-3415) codes: not found, forbidden, a bound of its own exhausted
+#: (webhook subscriptions), a delivery mode not supported, a callback endpoint that did not confirm.
+EVENTS_NOT_FOUND: Final = -32011
+EVENTS_FORBIDDEN: Final = -32012
+EVENTS_EXHAUSTED: Final = -32013
+EVENTS_UNSUPPORTED: Final = -32014
+EVENTS_CALLBACK_ERROR: Final = -32015
 
 Id = str | int
 MessageKind = Literal["request", "notification", "response"]
@@ -59,21 +74,24 @@ MessageKind = Literal["request", "notification", "response"]
 class RpcError(Exception):
     """A JSON-RPC error to send back to the peer.
 
-    ``status`` is the HTTP status the transport should use when the error is the whole reply;
-    ``retry_after`` (seconds), when set, goes with it as ``Retry-After``.
+    ``invalid``: the request cannot be served as sent (a malformed envelope or filter, a bad
+    argument), as opposed to an error its method answered (a resource that does not exist);
+    on HTTP the first is a 400 when it is the whole reply, the second travels in a 200 (the
+    status of every code is ``broker.transport.rpc``'s). ``retry_after`` (seconds), when set,
+    says when to ask again (HTTP: ``Retry-After``).
     """
 
-    def __init__(self, code: int, message: str, data: Any = None, *, status: int = 200,
+    def __init__(self, code: int, message: str, data: Any = None, *, invalid: bool = False,
                  retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
-        self.status = status
+        self.invalid = invalid
         self.retry_after = retry_after
 
     def __repr__(self) -> str:
-        return f"RpcError(code={self.code}, message={self.message!r}, status={self.status})"
+        return f"RpcError(code={self.code}, message={self.message!r})"
 
     def to_dict(self) -> dict[str, Any]:
         err: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -101,12 +119,12 @@ def parse_body(body: bytes) -> Any:
     """Decode a JSON body.
 
     Raises:
-        RpcError: -32700 (HTTP 400) when the body is not JSON.
+        RpcError: -32700 when the body is not JSON.
     """
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON", status=400) from exc
+        raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON") from exc
 
 
 def _valid_id(value: Any) -> bool:
@@ -127,26 +145,26 @@ def parse_message(obj: Any) -> Message:
     """Validate one decoded JSON-RPC message.
 
     Raises:
-        RpcError: -32600 (HTTP 400) for anything that is not a JSON-RPC 2.0 message.
+        RpcError: -32600 for anything that is not a JSON-RPC 2.0 message.
     """
     if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
-        raise RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", status=400)
+        raise RpcError(INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message")
     method = obj.get("method")
     has_id = "id" in obj
     if method is None:
         if has_id and _valid_id(obj["id"]) and (("result" in obj) != ("error" in obj)):
             return Message("response", None, obj["id"], {}, obj)
-        raise RpcError(INVALID_REQUEST, "Invalid Request: missing method", status=400)
+        raise RpcError(INVALID_REQUEST, "Invalid Request: missing method")
     if not isinstance(method, str) or not method:
-        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string", status=400)
+        raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string")
     params = obj.get("params", {})
     if params is None:
         params = {}
     if not isinstance(params, dict):
-        raise RpcError(INVALID_REQUEST, "Invalid Request: params must be an object", status=400)
+        raise RpcError(INVALID_REQUEST, "Invalid Request: params must be an object")
     if has_id:
         if not _valid_id(obj["id"]):
-            raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer", status=400)
+            raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
         return Message("request", method, obj["id"], params, obj)
     return Message("notification", method, None, params, obj)
 

@@ -6,6 +6,9 @@
 ``Principal`` in the ASGI scope, where every route reads it with ``principal_of``. A route
 answers in one of two shapes: the JSON-RPC error of ``/mcp`` or the ``{"detail": ...}`` of the
 REST API and ``POST /changes``; ``Style`` says which, so each refusal is built in one place.
+A domain ``Refusal`` is answered by ``rpc_error`` (the JSON-RPC spelling of
+``broker.protocol.refusals``, the status of ``broker.transport.rpc``) or by ``refused`` (the REST
+statuses of ``REST_STATUS``), on HTTP and stdio alike.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from starlette.types import Scope
 
 from broker import scopes
 from broker.auth import Authenticator, AuthUnavailable, Principal, ProtectedResource, Unauthorized
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, Reason, Refusal
 from broker.identity import PEER, peer_key
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
+from broker.transport.rpc import as_rpc, status_of
 
-__all__ = ["CORS_REQUEST_HEADERS", "PRINCIPAL", "BadBody", "Edge", "Style", "detail", "json_response", "principal_of",
-           "read_json", "refusal", "rpc_error", "scope_challenger", "unavailable"]
+__all__ = ["CORS_REQUEST_HEADERS", "PRINCIPAL", "REST_STATUS", "BadBody", "Edge", "Style", "detail", "json_response",
+           "principal_of", "read_json", "refusal", "refused", "rpc_error", "scope_challenger", "unavailable"]
 
 #: Where the edge leaves the request's principal in the ASGI scope.
 PRINCIPAL: Final = "mcp_broker.principal"
@@ -50,11 +54,31 @@ def json_response(body: bytes | Any, status: int = 200, headers: dict[str, str] 
     return response
 
 
-def rpc_error(error: rpc.RpcError, id_: rpc.Id | None = None, headers: dict[str, str] | None = None) -> Response:
-    """A JSON-RPC error as the whole answer, with the error's HTTP status (and ``Retry-After``)."""
+def rpc_error(error: rpc.RpcError | Refusal, id_: rpc.Id | None = None,
+              headers: dict[str, str] | None = None) -> Response:
+    """A JSON-RPC error (or a refusal, spelled as one) as the whole answer, with its HTTP status
+    (``broker.transport.rpc.status_of``) and ``Retry-After`` when it has one."""
+    error = as_rpc(error)
     if error.retry_after is not None:
         headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
-    return json_response(rpc.encode_error(id_, error), error.status, headers)
+    return json_response(rpc.encode_error(id_, error), status_of(error), headers)
+
+
+#: The status of a REST answer (``{"detail": ...}``) refused for this reason.
+REST_STATUS: Final[dict[Reason, int]] = {
+    Reason.QUOTA: 429,
+    Reason.BACKLOG: 429,
+    Reason.TOO_LARGE: 413,  # more changes in one request than the tenant may ever have waiting
+    Reason.LOG_FULL: 503,
+    Reason.UNAVAILABLE: 503,
+    Reason.SESSIONS: 503,
+    Reason.LISTENS: 503,
+    Reason.SUBSCRIPTIONS: 429,
+    Reason.WEBHOOKS: 429,
+    Reason.RECORDS: 507,  # the tenant's records: nothing was written
+}
+#: The REST ``detail`` of a reason whose message is not for clients (an outage's names the backend call).
+REST_TEXT: Final[dict[Reason, str]] = {Reason.UNAVAILABLE: "backend unavailable"}
 
 
 def detail(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -62,18 +86,23 @@ def detail(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return json_response({"detail": message}, status, headers)
 
 
+def refused(refusal: Refusal) -> Response:
+    """A REST answer to a domain refusal: ``REST_STATUS``'s status, ``{"detail": message}``, ``Retry-After``."""
+    headers = None if refusal.retry_after is None else {"Retry-After": str(refusal.retry_after)}
+    return detail(REST_STATUS[refusal.reason], REST_TEXT.get(refusal.reason, refusal.message), headers)
+
+
 def refusal(style: Style, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """A refusal of the request's HTTP itself (its Origin, credentials, method, headers), with ``status``."""
     if style is Style.RPC:
-        return rpc_error(rpc.RpcError(rpc.INVALID_REQUEST, message, status=status), None, headers)
+        return json_response(rpc.encode_error(None, rpc.RpcError(rpc.INVALID_REQUEST, message)), status, headers)
     return detail(status, message, headers)
 
 
-def unavailable(style: Style) -> Response:
+def unavailable(style: Style, exc: BackendUnavailable | None = None) -> Response:
     """503 for a request the backend could not serve; the client may retry after a second."""
-    if style is Style.RPC:
-        return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, "Service unavailable: the backend cannot be reached",
-                                      status=503, retry_after=1))
-    return detail(503, "backend unavailable", {"Retry-After": "1"})
+    outage = exc or BackendUnavailable("the backend cannot be reached")
+    return rpc_error(outage) if style is Style.RPC else refused(outage)
 
 
 def scope_challenger(authenticator: Authenticator) -> Callable[[str], str]:
@@ -177,7 +206,7 @@ class Edge:
             return unavailable(style)
         except AuthUnavailable as exc:  # the token cannot be checked now: neither accepted nor refused
             if style is Style.RPC:
-                return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, f"Service unavailable: {exc}", status=503,
+                return rpc_error(rpc.RpcError(rpc.SERVICE_UNAVAILABLE, f"Service unavailable: {exc}",
                                               retry_after=exc.retry_after))
             return detail(503, str(exc), {"Retry-After": str(exc.retry_after)})
         return None

@@ -34,14 +34,23 @@ from broker.auth import Principal
 from broker.delivery import EndReason, Listen, parse_event_id
 from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
-from broker.errors import BackendUnavailable, SessionNotFound
+from broker.errors import BackendUnavailable, Refusal, SessionNotFound
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import http_era
 from broker.protocol.versions import DEFAULT_LEGACY, LEGACY_VERSIONS, MODERN_VERSIONS, PRIMING_VERSIONS
 from broker.scopes import SUBSCRIBE
 from broker.sessions import SessionRecord
-from broker.transport.edge import BadBody, Style, json_response, principal_of, read_json, rpc_error, unavailable
+from broker.transport.edge import (
+    BadBody,
+    Style,
+    json_response,
+    principal_of,
+    read_json,
+    refusal,
+    rpc_error,
+    unavailable,
+)
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -60,7 +69,8 @@ class HttpError(Exception):
 
 
 def http_error(status: int, message: str, headers: dict[str, str] | None = None) -> HttpError:
-    return HttpError(rpc_error(rpc.RpcError(rpc.INVALID_REQUEST, message, status=status), None, headers))
+    """A refusal of what HTTP itself asks (method, headers, body, session header), with its own status."""
+    return HttpError(refusal(Style.RPC, status, message, headers))
 
 
 def _accepts(accept: str, media_type: str) -> bool:
@@ -94,8 +104,8 @@ class McpEndpoint:
             return await self.handle(Request(scope, receive), principal_of(scope))
         except HttpError as exc:
             return exc.response
-        except BackendUnavailable:
-            return unavailable(Style.RPC)
+        except BackendUnavailable as exc:
+            return unavailable(Style.RPC, exc)
 
     async def handle(self, request: Request, principal: Principal) -> Response | SSEResponse:
         version_header = request.headers.get("mcp-protocol-version")
@@ -125,8 +135,7 @@ class McpEndpoint:
         except BadBody as exc:
             if exc.status != 400:
                 raise http_error(exc.status, f"Request body larger than {self.max_body_bytes} bytes") from exc
-            raise HttpError(rpc_error(rpc.RpcError(rpc.PARSE_ERROR, "Parse error: body is not valid JSON",
-                                                   status=400))) from exc
+            raise HttpError(rpc_error(rpc.RpcError(rpc.PARSE_ERROR, "Parse error: body is not valid JSON"))) from exc
         era = http_era(version_header, obj)
         if era is None:
             raise http_error(400, f"Bad Request: unsupported MCP-Protocol-Version {version_header}")
@@ -150,7 +159,7 @@ class McpEndpoint:
         if msg.method == "initialize":
             try:
                 body, record = await self.dispatcher.initialize(principal, msg)
-            except rpc.RpcError as exc:
+            except (rpc.RpcError, Refusal) as exc:
                 return rpc_error(exc, msg.id)
             return json_response(body, headers={"Mcp-Session-Id": record.id})
         if msg.is_request and (refused := self.dispatcher.refusal(principal, msg.method)) is not None:
@@ -158,7 +167,7 @@ class McpEndpoint:
         try:
             reply = await self.dispatcher.legacy(Call(principal, False, await self._session(request, principal)), msg,
                                                  whole=True)
-        except rpc.RpcError as exc:  # a quota's refusal: 429 with Retry-After
+        except (rpc.RpcError, Refusal) as exc:  # e.g. a quota's refusal: 429 with Retry-After
             return rpc_error(exc, msg.id)
         return Response(status_code=202) if reply is None else json_response(reply)
 
@@ -172,7 +181,7 @@ class McpEndpoint:
             raise http_error(400, "Clients must not send responses")
         try:
             answer = await self.dispatcher.modern(principal, msg, request.headers.get)
-        except rpc.RpcError as exc:
+        except (rpc.RpcError, Refusal) as exc:
             return self._error(exc, msg.id)
         if isinstance(answer, Listen | ResumableListen):
             return self._listen_response(answer)
@@ -210,7 +219,7 @@ class McpEndpoint:
         version = version_header or session.protocol_version or DEFAULT_LEGACY
         try:
             release = await self.dispatcher.stream_lease(session)
-        except rpc.RpcError as exc:
+        except Refusal as exc:
             return rpc_error(exc)
         # Made once its place is held: a stream bound to its credential holds a timer until it runs.
         stream = self.dispatcher.legacy_stream(session, cursor, resync=resync, priming=version in PRIMING_VERSIONS,
@@ -220,9 +229,9 @@ class McpEndpoint:
         # Bound methods rather than closures: nothing else per stream to keep for its lifetime.
         return SSEResponse(stream.run, stream.disconnect, retry_ms=self.retry_ms)
 
-    def _error(self, error: rpc.RpcError, id_: rpc.Id | None) -> Response:
+    def _error(self, error: rpc.RpcError | Refusal, id_: rpc.Id | None) -> Response:
         """``error`` as the whole answer; a missing scope's 403 says which in ``WWW-Authenticate``."""
-        if error.code != rpc.INSUFFICIENT_SCOPE:
+        if not isinstance(error, rpc.RpcError) or error.code != rpc.INSUFFICIENT_SCOPE:
             return rpc_error(error, id_)
         return rpc_error(error, id_, {"WWW-Authenticate": self.challenge(error.data["scope"])})
 

@@ -23,9 +23,9 @@ from starlette.types import Receive, Scope
 
 from broker import scopes
 from broker.changes import ForeignNamespace, InvalidChange
-from broker.errors import BackendUnavailable, LogFull, PublishRateLimited, QuotaExceeded
+from broker.errors import Refusal
 from broker.publisher import Publisher, TooManyChanges
-from broker.transport.edge import BadBody, Style, detail, json_response, principal_of, read_json, unavailable
+from broker.transport.edge import BadBody, detail, json_response, principal_of, read_json, refused
 
 __all__ = ["ChangesEndpoint"]
 
@@ -57,13 +57,6 @@ class ChangesEndpoint:
             return detail(403, str(exc))
         except InvalidChange as exc:
             return detail(422, str(exc))
-        except BackendUnavailable:
-            return unavailable(Style.REST)
-        except QuotaExceeded as exc:
-            # More changes in one request than the tenant may ever have waiting: retrying cannot help.
-            return detail(413 if exc.asked > exc.limit else 429, str(exc), {"Retry-After": str(exc.retry_after)})
-        except PublishRateLimited as exc:  # the tenant's publish_per_second quota
-            return detail(429, str(exc), {"Retry-After": str(exc.retry_after)})
-        except LogFull as exc:
-            return detail(503, str(exc), {"Retry-After": str(exc.retry_after)})
+        except Refusal as exc:  # an outage, the change log's bounds, the tenant's publish rate: edge.REST_STATUS
+            return refused(exc)
         return json_response({"ids": ids}, 202)

@@ -2,7 +2,9 @@
 
 Every write lands in the change log before it is acknowledged, so a ``2xx`` means the
 notification will be delivered to every subscriber (within the inbox retention). Origin and
-authentication were checked at the edge; the routes read the principal it found.
+authentication were checked at the edge; the routes read the principal it found. A domain
+refusal (an outage, the change log's bounds, the tenant's publish rate or record quota) passes
+through to the app's one handler (``broker.transport.edge.refused``), as on ``POST /changes``.
 
 No ``from __future__ import annotations`` here: FastAPI resolves string annotations against
 the module's globals, so the ``Caller`` alias built inside ``build_router`` (it closes over
@@ -18,7 +20,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from broker import scopes
 from broker.auth import Principal
 from broker.config import Settings
-from broker.errors import LimitExceeded, NotFound, PublishRateLimited, PublishRefused, QuotaExceeded, WriteConflict
+from broker.errors import NotFound, WriteConflict
 from broker.health import Health
 from broker.resources.records import InvalidRecord, Records, RecordTooLarge
 from broker.transport.edge import PRINCIPAL, BadBody, principal_of, read_json
@@ -65,12 +67,6 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
         except BadBody as exc:
             raise HTTPException(exc.status, exc.message) from exc
 
-    def refused(exc: PublishRefused) -> HTTPException:
-        # The write was refused whole (record and change): nothing was stored. 429: the tenant's own
-        # bound (its changes waiting, its publish_per_second quota); 503: the change log is full.
-        return HTTPException(429 if isinstance(exc, (QuotaExceeded, PublishRateLimited)) else 503, str(exc),
-                             headers={"Retry-After": str(exc.retry_after)})
-
     def dot_only(*names: str) -> None:
         if not all(valid_name(name) for name in names):  # the pattern passed: what is left is dot-only
             raise HTTPException(422, "names may not consist of dots only")
@@ -102,13 +98,10 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
         return ORJSONResponse(body)
 
     def refused_write(exc: Exception) -> HTTPException:
-        """A record write the store refused, as the REST status that names why."""
+        """A record the store refused to take, as the REST status that names why."""
         if isinstance(exc, InvalidRecord):
             return HTTPException(422, str(exc))
-        if isinstance(exc, RecordTooLarge):
-            return HTTPException(413, f"record larger than {settings.max_record_bytes} bytes")
-        # LimitExceeded: the tenant's quota; its message names the limit that was reached.
-        return HTTPException(507, str(exc))
+        return HTTPException(413, f"record larger than {settings.max_record_bytes} bytes")
 
     @router.put("/collections/{name}/{record_id}")
     async def put_record(request: Request, caller: Writer, name: Name, record_id: Name) -> ORJSONResponse:
@@ -116,10 +109,8 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
         value = await json_body(request, settings.max_record_bytes)
         try:
             created = await records.put(caller.tenant, name, record_id, value)
-        except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
+        except (InvalidRecord, RecordTooLarge) as exc:
             raise refused_write(exc) from exc
-        except PublishRefused as exc:
-            raise refused(exc) from exc
         return ORJSONResponse({"uri": record_uri(caller.tenant, name, record_id), "created": created},
                               status_code=201 if created else 200)
 
@@ -131,12 +122,10 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
             value = await records.patch(caller.tenant, name, record_id, patch)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
-        except (InvalidRecord, RecordTooLarge, LimitExceeded) as exc:
+        except (InvalidRecord, RecordTooLarge) as exc:
             raise refused_write(exc) from exc
         except WriteConflict as exc:
             raise HTTPException(409, "the record kept changing; retry the patch") from exc
-        except PublishRefused as exc:
-            raise refused(exc) from exc
         return ORJSONResponse(value)
 
     @router.get("/collections/{name}/{record_id}")
@@ -155,8 +144,6 @@ def build_router(settings: Settings, records: Records, health: Health,  # noqa: 
             await records.delete(caller.tenant, name, record_id)
         except NotFound as exc:
             raise HTTPException(404, "record not found") from exc
-        except PublishRefused as exc:
-            raise refused(exc) from exc
         return Response(status_code=204)
 
     return router

@@ -34,13 +34,14 @@ from broker.auth import Principal
 from broker.config import Settings
 from broker.delivery import EndReason, LegacyStream, Listen
 from broker.delivery.resumable import ResumableListen
-from broker.dispatch import Dispatcher, unavailable
-from broker.errors import BackendUnavailable
+from broker.dispatch import Dispatcher
+from broker.errors import BackendUnavailable, Refusal
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import stdio_era
 from broker.protocol.jsonrpc import Message
 from broker.sessions import SessionRecord
+from broker.transport.rpc import as_rpc
 from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, Places, StdioWriter, blocking, lines
 
 __all__ = ["StdioServer", "StdioWriter", "serve_stdio"]
@@ -148,15 +149,12 @@ class StdioServer:
             if msg.method == "initialize":
                 return await self.initialize(msg)
             assert msg.id is not None  # a request has one
-            try:
-                result = await self.dispatcher.call(call, msg)
-            except rpc.RpcError as exc:
-                return rpc.encode_error(msg.id, exc)
-        except BackendUnavailable:
+            result = await self.dispatcher.call(call, msg)
+        except (rpc.RpcError, Refusal) as exc:  # an outage, a quota, a bound: the error HTTP sends
             if not msg.is_request:
-                logger.warning("backend unavailable: %s dropped", msg.method)
+                logger.warning("%s dropped: %s", msg.method, exc)
                 return None
-            return rpc.encode_error(msg.id, unavailable())
+            return rpc.encode_error(msg.id, as_rpc(exc))
         if msg.method == "resources/subscribe":
             self.start_stream()  # the session now watches something: its frames flow from the inbox
         return self.dispatcher.answer(msg, result)
@@ -166,8 +164,8 @@ class StdioServer:
             return rpc.encode_error(msg.id, rpc.RpcError(rpc.INVALID_REQUEST, "Already initialized"))
         try:
             reply, self.session = await self.dispatcher.initialize(self.principal, msg)
-        except rpc.RpcError as exc:
-            return rpc.encode_error(msg.id, exc)
+        except (rpc.RpcError, Refusal) as exc:
+            return rpc.encode_error(msg.id, as_rpc(exc))
         return reply
 
     def start_stream(self) -> None:
@@ -211,10 +209,8 @@ class StdioServer:
         assert msg.id is not None
         try:
             answer = await self.dispatcher.modern(self.principal, msg)
-        except rpc.RpcError as exc:
-            answer = rpc.encode_error(msg.id, exc)
-        except BackendUnavailable:
-            answer = rpc.encode_error(msg.id, unavailable())
+        except (rpc.RpcError, Refusal) as exc:
+            answer = rpc.encode_error(msg.id, as_rpc(exc))
         if isinstance(answer, Listen | ResumableListen):
             self.places.give_back(msg.id)  # open for as long as the client wants: it holds no place
             await self.listen(msg.id, answer)

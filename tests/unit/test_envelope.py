@@ -14,6 +14,7 @@ from broker.protocol.envelope import (
     decode_header_value,
     has_modern_meta,
 )
+from broker.transport.rpc import status_of
 
 CAPS = "io.modelcontextprotocol/clientCapabilities"
 
@@ -39,7 +40,7 @@ def test_a_complete_envelope_yields_the_version_and_capabilities() -> None:
 def test_a_missing_or_mistyped_envelope_field_is_invalid_params_with_400(params: dict[str, object]) -> None:
     with pytest.raises(rpc.RpcError) as info:
         check_meta(request("resources/list", params))
-    assert (info.value.code, info.value.status) == (rpc.INVALID_PARAMS, 400)
+    assert (info.value.code, status_of(info.value)) == (rpc.INVALID_PARAMS, 400)
 
 
 def test_an_unknown_version_names_the_supported_ones() -> None:
@@ -69,7 +70,7 @@ def test_routing_headers_must_mirror_the_body() -> None:
         headers = {**good, name: wrong}
         with pytest.raises(rpc.RpcError) as info:
             check_headers(msg, "2026-07-28", headers.get)
-        assert (info.value.code, info.value.status) == (rpc.HEADER_MISMATCH, 400)
+        assert (info.value.code, status_of(info.value)) == (rpc.HEADER_MISMATCH, 400)
 
 
 def test_only_a_body_with_the_protocol_version_in_meta_counts_as_modern() -> None:

@@ -11,11 +11,13 @@ from pydantic import ValidationError
 from broker.auth import Principal
 from broker.cli import _settings_problems
 from broker.config import Settings
+from broker.errors import Refusal
 from broker.events.callbacks import Outcome
 from broker.events.model import CALLBACK_ERROR, FORBIDDEN
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.runtime import Broker
+from broker.transport.rpc import as_rpc
 
 
 @pytest.mark.parametrize(("values", "says"), [
@@ -72,9 +74,9 @@ async def test_verifications_are_counted_against_the_tenant_before_they_are_sent
     async def subscribe(n: int, tenant: str = "acme") -> rpc.RpcError:
         params = {"name": "mcp.resource.updated", "arguments": {"uris": [f"mcpb://{tenant}/items/1"]},
                   "delivery": {"mode": "webhook", "url": f"https://8.8.8.8/hook/{n}", "secret": "whsec_" + "QUFB" * 8}}
-        with pytest.raises(rpc.RpcError) as refused:
+        with pytest.raises((rpc.RpcError, Refusal)) as refused:
             await broker.events.webhooks.subscribe(Call(Principal(tenant, "alice"), modern=True), params)
-        return refused.value
+        return as_rpc(refused.value)  # the JSON-RPC error the client gets
 
     assert [(await subscribe(n)).code for n in range(3)] == [CALLBACK_ERROR] * 3
     over = await subscribe(3)

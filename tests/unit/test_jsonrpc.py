@@ -6,13 +6,14 @@ import orjson
 import pytest
 
 from broker.protocol import jsonrpc as rpc
+from broker.transport.rpc import status_of
 
 
 def test_a_body_that_is_not_json_is_a_parse_error_answered_with_400() -> None:
     with pytest.raises(rpc.RpcError) as info:
         rpc.parse_body(b"{not json")
     assert info.value.code == rpc.PARSE_ERROR
-    assert info.value.status == 400
+    assert status_of(info.value) == 400
 
 
 def test_a_request_a_notification_and_a_response_are_told_apart() -> None:
@@ -51,7 +52,7 @@ def test_anything_that_is_not_a_json_rpc_message_is_an_invalid_request(obj: obje
     with pytest.raises(rpc.RpcError) as info:
         rpc.parse_message(obj)
     assert info.value.code == rpc.INVALID_REQUEST
-    assert info.value.status == 400
+    assert status_of(info.value) == 400
 
 
 def test_the_id_of_a_malformed_message_is_recovered_when_it_is_readable() -> None:

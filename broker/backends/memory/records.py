@@ -14,7 +14,7 @@ from broker.backends.memory.changelog import MemoryChangeLog
 from broker.backends.types import record_quota_message
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import LimitExceeded, WriteConflict
+from broker.errors import LimitExceeded, Reason, WriteConflict
 
 __all__ = ["MemoryRecords"]
 
@@ -44,9 +44,9 @@ class MemoryRecords:
         usage = self._usage.setdefault(tenant, [0, 0])
         grow = len(data) - (0 if old is None else len(old))
         if created and usage[0] >= settings.max_records_per_tenant:
-            raise LimitExceeded(record_quota_message(settings, count=True))
+            raise LimitExceeded(record_quota_message(settings, count=True), reason=Reason.RECORDS)
         if grow > 0 and usage[1] + grow > settings.max_record_bytes_per_tenant:
-            raise LimitExceeded(record_quota_message(settings, count=False))
+            raise LimitExceeded(record_quota_message(settings, count=False), reason=Reason.RECORDS)
         self._changelog.admit((change,))
         usage[0] += created
         usage[1] += grow

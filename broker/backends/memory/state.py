@@ -18,7 +18,7 @@ from collections import deque
 
 from broker.backends.types import Frame, Handlers, SessionRecord, Wake
 from broker.config import Settings
-from broker.errors import LimitExceeded
+from broker.errors import LimitExceeded, Reason
 
 __all__ = ["Inbox", "SessionState"]
 
@@ -68,7 +68,8 @@ class SessionState:
         if subs is None:
             return 0
         if limit and uri not in subs and len(subs) >= limit:
-            raise LimitExceeded(f"at most {limit} subscriptions per session")
+            raise LimitExceeded(f"at most {limit} subscriptions per session", reason=Reason.SUBSCRIPTIONS,
+                                data={"limit": limit})
         subs.add(uri)
         self.index.setdefault((tenant, uri), set()).add(session_id)
         self.wake(session_id, Wake("subscribe", uri=uri))

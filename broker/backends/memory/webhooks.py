@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import replace
 
 from broker.backends.types import DeadLetter, WebhookRecord
-from broker.errors import LimitExceeded, OverQuota
+from broker.errors import LimitExceeded, OverQuota, Reason
 
 __all__ = ["MemoryWebhooks"]
 
@@ -29,7 +29,8 @@ class MemoryWebhooks:
         if record.id in self._by_id:
             return False
         if len(self._by_id) >= most:
-            raise LimitExceeded(f"{most} webhook subscriptions exist")
+            raise LimitExceeded(f"{most} webhook subscriptions exist", reason=Reason.WEBHOOKS, retry_after=60,
+                                data={"limit": "subscriptions", "max": most})
         if tenant_most is not None and sum(r.tenant == record.tenant for r in self._by_id.values()) >= tenant_most:
             raise OverQuota("webhooks", record.tenant, tenant_most, 60,
                             f"tenant {record.tenant!r} has {tenant_most} webhook subscriptions (its quota)")

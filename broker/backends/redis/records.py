@@ -30,7 +30,7 @@ from broker.backends.redis.scripts import Scripts
 from broker.backends.types import record_quota_message
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
-from broker.errors import BackendUnavailable, LimitExceeded, LogFull, QuotaExceeded, WriteConflict
+from broker.errors import BackendUnavailable, LimitExceeded, LogFull, QuotaExceeded, Reason, WriteConflict
 
 #: Tries of a record write that meets a sealed partition (a switch is being made).
 SEALED_TRIES = 50
@@ -115,7 +115,7 @@ class RedisRecords:
         if created == -1:
             raise WriteConflict(record_id)
         if created in (-2, -3):
-            raise LimitExceeded(record_quota_message(settings, count=created == -2))
+            raise LimitExceeded(record_quota_message(settings, count=created == -2), reason=Reason.RECORDS)
         self._record_refused(tenant, collection, created)
         return created == 1
 

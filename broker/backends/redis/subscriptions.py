@@ -24,7 +24,7 @@ from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.sessions import Lifetimes
 from broker.backends.redis.wakes import WakeBus
 from broker.config import Settings
-from broker.errors import LimitExceeded
+from broker.errors import LimitExceeded, Reason
 
 __all__ = ["RedisSubscriptions"]
 
@@ -53,7 +53,8 @@ class RedisSubscriptions:
             if count <= 0 and int(added):
                 await self.client.srem(index, session_id)  # gone or refused: undo the new index entry
         if count < 0:
-            raise LimitExceeded(f"at most {limit} subscriptions per session")
+            raise LimitExceeded(f"at most {limit} subscriptions per session", reason=Reason.SUBSCRIPTIONS,
+                                data={"limit": limit})
         return count
 
     async def remove(self, session_id: str, tenant: str, uri: str) -> None:

@@ -30,7 +30,7 @@ from broker.backends.redis.codec import as_text
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.scripts import source
 from broker.backends.types import DeadLetter, WebhookRecord
-from broker.errors import LimitExceeded, OverQuota
+from broker.errors import LimitExceeded, OverQuota, Reason
 
 __all__ = ["RedisWebhooks"]
 
@@ -78,7 +78,8 @@ class RedisWebhooks:
                 args=[record.id, orjson.dumps(record.tenant), most, "" if tenant_most is None else tenant_most,
                       *_pairs(**dataclasses.asdict(record))]))
         if created == -1:
-            raise LimitExceeded(f"{most} webhook subscriptions exist")
+            raise LimitExceeded(f"{most} webhook subscriptions exist", reason=Reason.WEBHOOKS, retry_after=60,
+                                data={"limit": "subscriptions", "max": most})
         if created == -2:
             assert tenant_most is not None
             raise OverQuota("webhooks", record.tenant, tenant_most, 60,
