@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from broker.backends.base import Leases
-from broker.errors import BackendUnavailable
+from broker.errors import BackendUnavailable, Refusal
 from broker.leasing import HeldLease, stop_task
 
 __all__ = ["LeasedTask"]
@@ -34,7 +34,10 @@ class LeasedTask:
             await stop_task(task)
             await self.lease.release()
         if not task.cancelled() and (error := task.exception()) is not None:
-            if not isinstance(error, BackendUnavailable):
+            if isinstance(error, Refusal) and not isinstance(error, BackendUnavailable):
+                # e.g. a gone feed made again while sessions are full: the next holder tries again
+                logger.warning("the work of lease %s was refused: %s", self.name, error)
+            elif not isinstance(error, BackendUnavailable):
                 logger.error("the work of lease %s failed", self.name, exc_info=error)
         return True
 
