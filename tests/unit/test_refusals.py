@@ -16,11 +16,19 @@ import pytest
 from broker.app import create_app
 from broker.auth import Principal
 from broker.config import Settings
-from broker.errors import BackendUnavailable, LimitExceeded, OverQuota, Reason
+from broker.errors import (
+    BackendUnavailable,
+    LimitExceeded,
+    LogFull,
+    OverQuota,
+    PublishRateLimited,
+    QuotaExceeded,
+    Reason,
+)
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.refusals import SPELLING, rpc_error
 from broker.runtime import Broker
-from broker.transport.edge import REST_STATUS
+from broker.transport.edge import REST_STATUS, refused
 from broker.transport.rpc import STATUS, status_of
 from broker.transport.stdio import StdioServer
 from broker.transport.stdio_io import Output
@@ -148,3 +156,19 @@ def test_every_reason_has_a_json_rpc_spelling_and_a_rest_status() -> None:
 def test_a_refusal_as_a_whole_reply_gets_the_status_of_its_code(refusal: Any, code: int, status: int) -> None:
     error = rpc_error(refusal)
     assert (error.code, status_of(error), error.retry_after) == (code, status, refusal.retry_after)
+
+
+@pytest.mark.parametrize(("refusal", "status", "retry_after"), [
+    (QuotaExceeded("acme", 10, 10, 1), 429, "1"),
+    (QuotaExceeded("acme", 10, 0, 11), 413, "1"),  # more than the tenant may ever have waiting
+    (PublishRateLimited("acme", 5, 2), 429, "2"),
+    (LogFull(0, 100), 503, "1"),
+    (LimitExceeded("tenant 'acme' has 3 records", reason=Reason.RECORDS), 507, None),
+    (BackendUnavailable("redis unavailable during records.write"), 503, "1"),
+], ids=lambda value: getattr(value, "reason", value))
+def test_the_record_routes_and_post_changes_answer_a_refusal_by_one_rule(
+        refusal: Any, status: int, retry_after: str | None) -> None:
+    answer = refused(refusal)
+    assert (answer.status_code, answer.headers.get("retry-after")) == (status, retry_after)
+    detail = orjson.loads(answer.body)["detail"]
+    assert detail == ("backend unavailable" if isinstance(refusal, BackendUnavailable) else str(refusal))
