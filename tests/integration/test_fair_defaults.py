@@ -157,7 +157,8 @@ async def test_one_tenant_cannot_fill_max_sessions_or_max_listens_for_another(sm
             assert_refused(refused, "listens", 2)  # half of 4
             async with modern.listen(http, ["test://q/1"], auth="kq"), modern.listen(http, ["test://q/2"], auth="kq"):
                 pass
-        # Places come back as listens end.
+        # Places come back as listens end (once the worker has seen each stream close).
+        await modern.wait_listens(http, 0)
         async with modern.listen(http, ["test://f/3"], auth="kf"):
             pass
 
