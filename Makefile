@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint interop bench bench-smoke bench-instructions compose-test clean
+.PHONY: run test test-fast lint interop bench bench-smoke bench-instructions compose-test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The tests that start no process and no server (markers set by tests/tiers.py): the loop while editing.
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not process and not redis"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -9,6 +9,19 @@ import pytest
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
 from tests.support import BrokerProcess, RedisProcess, redis_server_binary
+from tests.tiers import mark_items, process_guard
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is marked by what it needs (``process``, ``redis``): see tests/tiers.py."""
+    mark_items(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test not marked ``process`` that starts one fails, so the markers cannot hide a process."""
+    with process_guard(item):
+        return (yield)
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ from broker.backends.redis.connection import open_clients
 from broker.config import Settings
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 
 @contextlib.asynccontextmanager
 async def client_for(url: str, **settings: object) -> AsyncIterator[Redis]:

@@ -17,8 +17,6 @@ from broker.backends.redis.connection import _DiscardUnsent, open_clients
 from broker.config import Settings
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 
 def settings_for(url: str) -> Settings:
     return Settings(_env_file=None, redis_url=url)  # type: ignore[call-arg]

@@ -18,8 +18,6 @@ from broker.changes import Change
 from broker.config import Settings
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 
 @pytest.fixture
 async def workers() -> AsyncIterator[tuple[RedisBackend, RedisBackend, Redis]]:

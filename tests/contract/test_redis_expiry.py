@@ -15,8 +15,6 @@ from tests.contract.conftest import open_session
 from tests.contract.test_backend_contract import eventually
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 TTL = 0.5
 
 

@@ -20,8 +20,6 @@ from broker.config import Settings
 from examples.counting_metrics import CountingMetrics
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 TRIMMED = "mcp_broker_inbox_trimmed_total"
 
 

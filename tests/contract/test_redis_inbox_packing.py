@@ -12,8 +12,6 @@ from broker.backends.redis import RedisBackend
 from broker.config import Settings
 from tests.contract.conftest import fakeredis_factory
 
-pytestmark = pytest.mark.redis
-
 
 def frames_of_a_batch() -> list[tuple[str, Frame]]:
     """As fan-out makes them: one Frame shared by its URI's subscribers, with and without a change

@@ -6,14 +6,10 @@ from __future__ import annotations
 import secrets
 import time
 
-import pytest
-
 from broker.backends.base import Frame, SessionRecord
 from broker.backends.redis import RedisBackend
 from broker.config import Settings
 from tests.support import RedisProcess
-
-pytestmark = pytest.mark.redis
 
 
 async def test_appends_reach_a_server_that_forgot_the_script() -> None:

@@ -22,8 +22,6 @@ from broker.config import Settings
 from tests.contract.test_redis_batch import client_for
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 #: Spins for ARGV[1] microseconds of the server's clock, then returns ARGV[2].
 SLOW = """
 local t0 = redis.call('TIME')

@@ -22,8 +22,6 @@ from broker.errors import BackendUnavailable
 from tests.contract.conftest import fakeredis_factory
 from tests.support import RedisProcess
 
-pytestmark = pytest.mark.redis
-
 
 def settings_for(url: str = "", **overrides: object) -> Settings:
     return Settings(_env_file=None, redis_url=url, redis_prefix=f"t{secrets.token_hex(4)}",  # type: ignore[call-arg]

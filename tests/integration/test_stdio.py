@@ -24,6 +24,9 @@ from mcp_types import ServerNotification
 from tests.integration.modern import SERVER_INFO, SUBSCRIPTION_ID, meta
 from tests.support import BIN
 
+#: The SDK's stdio client starts the broker itself, out of sight of the tier markers' walk (tests/tiers.py).
+pytestmark = pytest.mark.process
+
 MODERN = "2026-07-28"
 TIMEOUT = 10.0
 CLOCK = "mcpb://default/demo/clock"
@@ -225,7 +228,6 @@ async def test_envelope_errors_and_parse_errors_are_answered_on_stdout() -> None
         assert await asyncio.wait_for(stdio.proc.wait(), TIMEOUT) == 0
 
 
-@pytest.mark.redis
 async def test_a_stdio_process_watches_the_resources_of_a_running_broker(redis_server: Any) -> None:
     pytest.importorskip("broker.backends.redis")
     import httpx
