@@ -71,6 +71,8 @@ def needs(obj: object, seen: set[int] | None = None) -> set[str]:
             found |= needs(member.fget if isinstance(member, property) else member, seen)
         return found
     func = getattr(obj, "_get_wrapped_function", lambda: obj)()  # a fixture definition: the function it wraps
+    if not callable(func):
+        return set()
     func = inspect.unwrap(func)  # a context manager: the generator it wraps
     if not isinstance(func, FunctionType) or not _is_test_code(func):
         return set()
