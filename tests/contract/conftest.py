@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import secrets
 import time
-import warnings
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
 from broker.backends.base import Backend, SessionRecord
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
+from tests.contract.fake_redis import fakeredis_factory
 
 #: Implementations under contract: the reference, the Redis backend on fakeredis (in process,
-#: Lua through lupa) and on a real ``redis-server`` started for the test session.
+#: Lua through lupa, corrected to Redis's answers by ``fake_redis``) and on a real ``redis-server``
+#: started for the test session.
 BACKENDS = ["memory", "fakeredis", "redis"]
-
-
-def fakeredis_factory() -> Callable[[], Any]:
-    """Clients of one private in-process fake server (each call: a new client of the same server)."""
-    import fakeredis
-
-    server = fakeredis.FakeServer()
-
-    def client() -> Any:
-        with warnings.catch_warnings():
-            # fakeredis passes redis-py a deprecated argument (retry_on_timeout) itself.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return fakeredis.FakeAsyncRedis(server=server)
-
-    return client
 
 
 async def make_backend(name: str, settings: Settings, request: pytest.FixtureRequest) -> Backend:

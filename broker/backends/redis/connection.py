@@ -64,7 +64,7 @@ __all__ = ["Client", "ClientFactory", "Clients", "open_clients", "unavailable"]
 #: A client of one server (plain, TLS, Sentinel's master) or of a Cluster.
 Client = Redis | RedisCluster
 
-#: Builds one client; the backend calls it twice (commands, pub/sub). Tests pass fakeredis here.
+#: Builds one client; the backend calls it twice (commands, pub/sub). Tests pass a fake server's here.
 ClientFactory = Callable[[], Redis]
 
 # Errors that mean "the store cannot be reached", as opposed to a bug in a command.

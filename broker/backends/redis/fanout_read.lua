@@ -18,11 +18,7 @@ for p = 1, #KEYS / 2 do
     out[p] = {1, '0-0', {}}
   else
     local got = redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', remaining, 'STREAMS', KEYS[2 * p], '>')
-    local entries = {}
-    if got and got[1] then
-      -- Redis answers {{stream, entries}}; fakeredis {stream, entries}.
-      if type(got[1]) == 'table' then entries = got[1][2] or {} else entries = got[2] or {} end
-    end
+    local entries = got and got[1] and got[1][2] or {}
     local last = '0-0'
     remaining = remaining - #entries
     if entries[1] then

@@ -7,8 +7,8 @@ Offsets and gap detection
     oldest retained offset it needs is what a read from ``after + 1`` tells: at least
     ``head - inbox_maxlen + 1`` (only the newest ``inbox_maxlen`` count as retained), and beyond
     ``after + 1`` unless entry ``after + 1`` is still stored and younger than ``inbox_retention``.
-    Since nothing but trimming removes entries, that test is exact, on every server and on
-    fakeredis (no need for ``XINFO STREAM`` max-deleted-entry-id). ``MAXLEN ~`` trims whole
+    Since nothing but trimming removes entries, that test is exact on every server (no need for
+    ``XINFO STREAM`` max-deleted-entry-id). ``MAXLEN ~`` trims whole
     stream nodes lazily; the logical bound above makes retention exact anyway; time-based
     trimming happens in the append script, a bounded number of entries per call.
 
@@ -21,8 +21,8 @@ Atomic append and wake-up
     the read or in a wake-up.
 
 Wake-ups
-    SPUBLISH/SSUBSCRIBE on ``P:{s:<sid>}:wake`` when the server has sharded pub/sub (Redis 7,
-    and fakeredis), PUBLISH/SUBSCRIBE otherwise; one pub/sub connection per process
+    SPUBLISH/SSUBSCRIBE on ``P:{s:<sid>}:wake`` when the server has sharded pub/sub (Redis 7),
+    PUBLISH/SUBSCRIBE otherwise; one pub/sub connection per process
     (``wakes.WakeBus``). On a single node, frame wake-ups go to the node channel of the worker
     that watches the session instead (``watchers``), after the appends; a session watched by
     this very process gets its wake-up in memory, with the frames as they were appended (no
@@ -238,14 +238,14 @@ class RedisInboxes:
         """
         frame_max = self._frame_max
         mine = self._watchers.node
-        mine_raw = (mine.encode(), mine)  # the script's reply: bytes (redis-py) or str (fakeredis)
+        mine_raw = mine.encode()
         by_node: dict[str, list[NodeWake]] = {}
         local: list[tuple[str, int]] = []
         local_reads: list[tuple[str, int]] = []
         for sid, head, raw_node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
             if head < 0 or not raw_node:
                 continue
-            node = mine if raw_node in mine_raw else as_text(raw_node)
+            node = mine if raw_node == mine_raw else as_text(raw_node)
             frames = appends.frames[sid]
             left_out = {int(i) - 1 for i in skips} if isinstance(skips, list) and skips else None
             if left_out:

@@ -46,7 +46,7 @@ class WakeBus:
     def __init__(self, client: Client, *, cluster: bool, timeout: float,
                  on_reconnect: Callable[[], Awaitable[None]], metrics: Metrics = NO_METRICS) -> None:
         self._client = client
-        #: Whether channels are sharded (SSUBSCRIBE, SPUBLISH: Redis >= 7, and fakeredis).
+        #: Whether channels are sharded (SSUBSCRIBE, SPUBLISH: Redis >= 7).
         self.sharded = True
         self._started = False
         self._cluster = cluster
