@@ -4,8 +4,8 @@
 ``redis``: one of those is a real ``redis-server``. A test needs what its own code and the code of
 every fixture it uses reach: the helpers of ``tests/`` are followed down to ``subprocess`` or
 ``asyncio.create_subprocess_*`` (``process``) and to ``RedisProcess`` (``redis``); a fixture
-parametrized with the backend ``"redis"`` needs a ``redis-server`` too. The tiers whose every test
-runs against real servers (client, distributed, fuzz) are marked by their folder.
+parametrized by backend needs a ``redis-server`` for the parameter ``"redis"`` alone. The tiers
+whose every test runs against real servers (client, distributed, fuzz) are marked by their folder.
 
 The guard: while a test that is not marked ``process`` runs (set-up, call, tear-down), starting a
 process fails it. Under ``-m "not process and not redis"`` no marked test runs first to start a
@@ -33,6 +33,8 @@ MARKERS = {  # as registered in pyproject.toml
 }
 #: Tiers (folders under tests/) that run against real servers, every test of them.
 OUT_OF_PROCESS_TIERS = {"client": {"process"}, "distributed": {"process", "redis"}, "fuzz": {"process"}}
+#: The backends a fixture may be parametrized by.
+BACKENDS = {"memory", "fakeredis", "redis"}
 #: Names that start a process whatever they are looked up on (``subprocess`` also when imported in a function).
 _SPAWNERS = {"subprocess", "Popen", "create_subprocess_exec", "create_subprocess_shell"}
 _TESTS = Path(__file__).resolve().parent
@@ -83,14 +85,19 @@ def item_needs(item: pytest.Item) -> set[str]:
     found: set[str] = set()
     tier = Path(str(item.path)).resolve().relative_to(_TESTS).parts[0]
     found |= OUT_OF_PROCESS_TIERS.get(tier, set())
-    if isinstance(item, pytest.Function):
-        found |= needs(item.function)
-        for name in item.fixturenames:
-            for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
-                found |= needs(fixturedef.func)
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "redis" in callspec.params.values():
-            found |= {"process", "redis"}
+    if not isinstance(item, pytest.Function):
+        return found
+    found |= needs(item.function)
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    for name in item.fixturenames:
+        backend = params.get(name)
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            fixture_needs = needs(fixturedef.func)
+            if isinstance(backend, str) and backend in BACKENDS:  # the parameter says whether it is Redis
+                fixture_needs -= {"redis"}
+            found |= fixture_needs
+    if "redis" in params.values():
+        found |= {"process", "redis"}
     return found
 
 

@@ -31,7 +31,8 @@ def case(request: pytest.FixtureRequest) -> tuple[Target, str]:
     return Target(kind, proc.mcp_url, proc.url, broker=kind == "broker"), era
 
 
-@pytest.fixture(params=["broker", "sdk"])
+# The broker's stdio target runs on a redis-server: marked here, where the choice is made at run time.
+@pytest.fixture(params=[pytest.param("broker", marks=pytest.mark.redis), "sdk"])
 def stdio(request: pytest.FixtureRequest) -> Iterator[Target]:
     redis = request.getfixturevalue("redis") if request.param == "broker" else None
     yield from stdio_target(request.param, redis)
