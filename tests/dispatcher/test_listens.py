@@ -68,7 +68,7 @@ async def test_a_listen_past_max_listens_is_refused_and_the_open_one_goes_on(mak
     await first.until(is_ack(1))
     await second.listen(1, "x:a")
     refused = await second.until(is_answer(1))
-    assert refused["error"]["message"] == "Subscription limit reached: too many open listens on this worker"
+    assert refused["error"]["code"] == -32603 and "listens" in refused["error"]["message"], refused
     await broker.publish("x:a")
     await first.until(is_update(1, "x:a"))
 
@@ -122,3 +122,16 @@ async def test_a_stopping_worker_ends_an_open_listen_with_its_result(broker: Bro
     await client.until(is_ack(1))
     await broker.end_streams()
     assert "result" in await client.until(is_answer(1))
+
+
+async def test_a_tenant_over_its_listens_quota_is_refused_and_another_tenant_has_its_own(
+        make_broker: MakeBroker, connect: Connect) -> None:
+    broker = await make_broker(quotas={"default": {"listens": 1}})
+    acme, other = connect(broker, "acme"), connect(broker, "other")
+    await acme.listen(1, "x:a")
+    await acme.until(is_ack(1))
+    await acme.listen(2, "x:a")
+    refused = await acme.until(is_answer(2))
+    assert refused["error"]["code"] == -31002 and refused["error"]["data"]["limit"] == "listens", refused
+    await other.listen(1, "x:a")
+    await other.until(is_ack(1))
