@@ -6,6 +6,7 @@ every fixture it uses reach: the helpers of ``tests/`` are followed down to ``su
 ``asyncio.create_subprocess_*`` (``process``) and to ``RedisProcess`` (``redis``); a fixture
 parametrized by backend needs a ``redis-server`` for the parameter ``"redis"`` alone. The tiers
 whose every test runs against real servers (client, distributed, fuzz) are marked by their folder.
+A marker is written by hand only where a library starts the process out of the walk's sight.
 
 The guard: while a test that is not marked ``process`` runs (set-up, call, tear-down), starting a
 process fails it. Under ``-m "not process and not redis"`` no marked test runs first to start a
