@@ -32,7 +32,7 @@ a Redis run's total by up to 5% on a busy machine; a warmed-up run's total moved
 The workload runs on uvloop, the loop of a worker: on asyncio's own loop, which is Python, the
 turns a round trip takes depend on when its reply comes, and a Redis run with its changes moved
 by 0.2% between an idle CPU and a shared one (0.01% on uvloop). The hash seed is fixed, and the
-garbage collector is tuned as a worker tunes it once started (``broker.server.tune_collector``):
+garbage collector is tuned as a worker tunes it once started (``broker.runtime.server.tune_collector``):
 with CPython's own thresholds, full collections that a worker does not run fell into the runs as
 they pleased. The worker's rounds that run by wall time (on Redis its lease heartbeat, its look
 at the partition layouts, its lag report, an idle read's return) are pushed past the length of
@@ -113,10 +113,10 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     request), each group to distinct URIs and delivered before the next."""
     import orjson
 
-    from broker.app import create_app
     from broker.config import Settings
     from broker.runtime import Broker
-    from broker.server import tune_collector
+    from broker.runtime.app import create_app
+    from broker.runtime.server import tune_collector
 
     redis: dict[str, Any] = {}
     if os.environ.get("BENCH_REDIS_URL"):
@@ -131,7 +131,7 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
     broker = Broker(Settings(_env_file=None, **{k: v for k, v in chosen.items() if k in Settings.model_fields}))  # type: ignore[call-arg]
     app = create_app(broker=broker)
     await broker.start()
-    tune_collector(broker.settings.gc_thresholds)  # as a worker does once started (broker/server.py)
+    tune_collector(broker.settings.gc_thresholds)  # as a worker does once started (broker/runtime/server.py)
     version = [(b"mcp-protocol-version", b"2025-11-25")]
     sids = []
     for i in range(sessions):

@@ -234,16 +234,16 @@ class Settings(BaseSettings):
     #: them from its inbox instead.
     wake_frame_max_bytes: int = Field(default=65_536, ge=0)
 
-    #: Cyclic GC thresholds set once a worker has started (see broker/server.py); empty: Python's defaults.
+    #: Cyclic GC thresholds set once a worker has started (see broker/runtime/server.py); empty: Python's defaults.
     gc_thresholds: tuple[int, ...] = Field(default=(50_000, 50, 100), max_length=3)
 
     # -- change sources (docs/SOURCES.md) -------------------------------------------------------
     #: JSON map of tenant to directory: its files are resources ``file://<absolute path>`` of
-    #: that tenant, watched for changes (``broker/files.py``).
+    #: that tenant, watched for changes (``broker/sources/files.py``).
     file_roots: dict[str, str] = Field(default_factory=dict)
     #: Files larger than this are not served (a precise error instead).
     max_file_bytes: int = Field(default=10_485_760, ge=1, le=1_073_741_824)
-    #: PostgreSQL to watch (``postgresql://...``); empty: none (``broker/postgres.py``).
+    #: PostgreSQL to watch (``postgresql://...``); empty: none (``broker/sources/postgres.py``).
     postgres_url: str = ""
     #: PostgreSQL reads: connections per worker (a tenant holds all but one at most), and seconds per
     #: read, its wait for a connection included (then 503).
@@ -252,7 +252,7 @@ class Settings(BaseSettings):
     #: JSON map of table (``schema.table`` or ``table``) to the tenant whose records its rows are.
     postgres_tables: dict[str, str] = Field(default_factory=dict)
     #: JSON list of ``module:factory`` callables that return providers and change sources of the
-    #: deployment's own code (``broker/extensions.py``).
+    #: deployment's own code (``broker/sources/extensions.py``).
     providers: list[str] = Field(default_factory=list)
     #: The lease of a change source that runs on one worker of the deployment at a time: the
     #: worker running it renews it every third of this; one that stops renewing (it died, or

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.auth import Principal
+from broker.auth.scopes import METHOD_SCOPES, forbidden
 from broker.backends.types import SessionRecord
 from broker.batches import answer_batch, check_batch, encode_batch
 from broker.delivery.legacy import LegacyServices, LegacyStream
@@ -31,7 +32,6 @@ from broker.protocol.refusals import rpc_error
 from broker.protocol.versions import BATCH_VERSIONS
 from broker.quotas import Lease, Quotas
 from broker.resume import ResumableListens, last_event_id
-from broker.scopes import METHOD_SCOPES, forbidden
 from broker.sessions import Sessions
 
 __all__ = ["Dispatcher"]
@@ -135,7 +135,7 @@ class Dispatcher:
         -32602 error that says so (``AnswerTooLarge``).
 
         Every transport encodes its replies here. A provider that can tell the size before it reads
-        refuses earlier (``broker/files.py``, ``broker/postgres.py``); this catches what only the
+        refuses earlier (``broker/sources/files.py``, ``broker/sources/postgres.py``); this catches what only the
         encoding shows (a control character is six bytes in JSON) and any provider's answer. The
         refused reply was built once and is dropped at once, so it costs a few times the bound for
         a moment, never a client's connection.

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from broker.auth import Principal
+from broker.auth.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
@@ -32,7 +33,6 @@ from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
-from broker.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]

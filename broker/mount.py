@@ -35,12 +35,12 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from broker import logs
-from broker.app import BrokerApp, create_app
 from broker.config import Settings
+from broker.ops import logs
 from broker.runtime import Broker
-from broker.server import BrokerServer
-from broker.tasks import stop_tasks
+from broker.runtime.app import BrokerApp, create_app
+from broker.runtime.server import BrokerServer
+from broker.runtime.tasks import stop_tasks
 
 __all__ = ["broker_lifespan", "mount_broker", "running_uvicorn"]
 

@@ -10,7 +10,7 @@ from typing import Any
 from broker.auth import Principal
 from broker.config import Settings
 from broker.errors import NotFound
-from broker.extensions import ProviderChange
+from broker.sources.extensions import ProviderChange
 
 
 class Notes:

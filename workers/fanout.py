@@ -16,7 +16,7 @@ import signal
 from broker.backends import create_backend
 from broker.config import Settings
 from broker.fanout import Fanout
-from broker.tasks import stop_tasks
+from broker.runtime.tasks import stop_tasks
 
 __all__ = ["main", "run"]
 

@@ -15,9 +15,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
-from broker import scopes
-from broker.auth import Principal
-from broker.keys import MAX_PAGE, PAGE, KeyAdmin, KeyRefused, key_view
+from broker.auth import Principal, scopes
+from broker.auth.keys import MAX_PAGE, PAGE, KeyAdmin, KeyRefused, key_view
 from broker.transport.edge import PRINCIPAL, BadBody, principal_of, read_json
 from broker.transport.rest import ORJSONResponse
 

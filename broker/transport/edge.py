@@ -1,6 +1,6 @@
 """The edge every HTTP request passes once: Origin, authentication, and the answers shared by all routes.
 
-``Edge.admit`` runs before any route (``broker.app.BrokerApp``): it refuses a foreign
+``Edge.admit`` runs before any route (``broker.runtime.app.BrokerApp``): it refuses a foreign
 ``Origin`` (403), asks the ``Authenticator`` who the caller is on the routes that need one
 (401 with the authenticator's ``WWW-Authenticate`` challenge otherwise), and puts the
 ``Principal`` in the ASGI scope, where every route reads it with ``principal_of``. A route
@@ -23,10 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from broker import scopes
-from broker.auth import Authenticator, AuthUnavailable, Principal, ProtectedResource, Unauthorized
+from broker.auth import Authenticator, AuthUnavailable, Principal, ProtectedResource, Unauthorized, scopes
+from broker.auth.identity import PEER, peer_key
 from broker.errors import BackendUnavailable, Reason, Refusal
-from broker.identity import PEER, peer_key
 from broker.protocol import jsonrpc as rpc
 from broker.transport.guards import NO_SNIFF_NO_STORE, BodyTooLarge, OriginPolicy, read_body
 from broker.transport.rpc import as_rpc, status_of

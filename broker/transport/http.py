@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from broker import scopes
-from broker.auth import Principal
+from broker.auth import Principal, scopes
+from broker.auth.scopes import SUBSCRIBE
 from broker.delivery import EndReason, Listen, parse_event_id
 from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
@@ -39,7 +39,6 @@ from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import http_era
 from broker.protocol.versions import DEFAULT_LEGACY, LEGACY_VERSIONS, MODERN_VERSIONS, PRIMING_VERSIONS
-from broker.scopes import SUBSCRIBE
 from broker.sessions import SessionRecord
 from broker.transport.edge import (
     BadBody,
@@ -202,7 +201,7 @@ class McpEndpoint:
         session = await self._session(request, principal)
         if self.dispatcher.closing:
             # A stopping worker still answers requests on open connections while it drains (see
-            # broker/server.py): a stream asked for now ends at once the way the streams open here
+            # broker/runtime/server.py): a stream asked for now ends at once the way the streams open here
             # ended, with ``retry:``, and the client comes back on another worker, with no error.
             return SSEResponse(SSEWriter.retry, _nothing, retry_ms=self.retry_ms)
         last_event_id = request.headers.get("last-event-id")

@@ -24,10 +24,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from broker.auth import SCOPES
+from broker.auth.oauth import metadata_paths
+from broker.auth.scopes import ADMIN
 from broker.config import Settings
-from broker.health import Health
-from broker.oauth import metadata_paths
-from broker.scopes import ADMIN
+from broker.ops.health import Health
 from broker.transport.edge import detail, json_response
 
 __all__ = ["Livez", "MetricsEndpoint", "Readyz", "ResourceMetadata", "resource_metadata_paths"]

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from broker import scopes
+from broker.auth import scopes
 from broker.changes import ForeignNamespace, InvalidChange
 from broker.errors import Refusal
 from broker.publisher import Publisher, TooManyChanges

@@ -17,11 +17,10 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
-from broker import scopes
-from broker.auth import Principal
+from broker.auth import Principal, scopes
 from broker.config import Settings
 from broker.errors import NotFound, WriteConflict
-from broker.health import Health
+from broker.ops.health import Health
 from broker.resources.records import InvalidRecord, Records, RecordTooLarge
 from broker.transport.edge import PRINCIPAL, BadBody, principal_of, read_json
 from broker.uris import NAME_PATTERN, collection_uri, record_uri, valid_name

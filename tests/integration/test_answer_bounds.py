@@ -21,7 +21,7 @@ import orjson
 import psutil
 import pytest
 
-from broker.files import file_uri
+from broker.sources.files import file_uri
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession
 from tests.integration.test_stdio import stdio_process

@@ -11,7 +11,7 @@ from mcp import types
 from mcp.client.client import Client
 
 from broker.config import Settings
-from broker.extensions import ExtensionError, LiveSource, build
+from broker.sources.extensions import ExtensionError, LiveSource, build
 from tests.custom_providers import Notes
 from tests.sdk_inbox import Inbox
 from tests.support import BIN, BrokerProcess

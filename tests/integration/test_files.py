@@ -1,4 +1,4 @@
-"""File roots (broker/files.py, broker/filewatch.py) against real brokers and a real directory the tests change."""
+"""File roots (broker/sources/files.py and filewatch.py) against real brokers and a real directory the tests change."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from mcp import types
 from mcp.client.client import Client
 
-from broker.files import file_uri
+from broker.sources.files import file_uri
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession
 from tests.sdk_inbox import Inbox

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.metrics import CATALOG, OTHER_TENANTS, TenantCounter, TenantLabels
-from broker.prometheus import PrometheusMetrics
+from broker.ops.prometheus import PrometheusMetrics
 from examples.counting_metrics import CountingMetrics
 from tests.integration.mcp_http import McpSession, SSEStream, publish
 from tests.support import BrokerProcess

@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from mcp import types
 from mcp.client.client import Client
 
-from broker.app import create_app
 from broker.config import Settings
 from broker.mount import mount_broker
+from broker.runtime.app import create_app
 from tests.sdk_inbox import Inbox
 from tests.support import ROOT, free_port, wait_until
 
@@ -101,7 +101,7 @@ async def test_a_broker_whose_lifespan_never_ran_answers_503_and_says_why_once(
     app = FastAPI()
     app.mount("/b", create_app(Settings(metrics=False)))  # mounted by hand: nothing starts it
     transport = httpx.ASGITransport(app=app)
-    with caplog.at_level(logging.ERROR, logger="broker.app"):
+    with caplog.at_level(logging.ERROR, logger="broker.runtime.app"):
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
             mcp = await http.post("/b/mcp", json=INITIALIZE, headers=MCP_HEADERS)
             health = await http.get("/b/healthz")

@@ -16,11 +16,10 @@ import orjson
 import pytest
 import uvicorn
 
-from broker import scopes
-from broker.app import create_app
-from broker.auth import ALL_SCOPES, Principal, Unauthorized
+from broker.auth import ALL_SCOPES, Principal, Unauthorized, scopes
 from broker.config import Settings
 from broker.runtime import Broker
+from broker.runtime.app import create_app
 from broker.uris import record_uri
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from broker.auth import Principal
 from broker.config import Settings
-from broker.files import FileRoot, FilesProvider
+from broker.sources.files import FileRoot, FilesProvider
 
 
 def settings(roots: dict[str, str]) -> Settings:

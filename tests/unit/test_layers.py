@@ -18,9 +18,12 @@ PACKAGES = ("broker", "workers")
 
 #: Modules every layer may use: pure domain rules and types, with no I/O of their own.
 BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics"}
-#: The processes' wiring and entry points: they may import anything, nothing imports them but each other.
-WIRING = {"broker.runtime", "broker.app", "broker.mount", "broker.server", "broker.cli", "broker.demo", "workers",
-          "workers.fanout"}
+#: Each folder's layer. A module at the root of ``broker/`` outside ``BASE`` is core, and so is
+#: every folder not named here (``feeds``, ``delivery``, ``events``, ``auth``, ``sources``, ``resources``, ``ops``).
+FOLDERS = {"broker.protocol": "protocol", "broker.backends": "backends", "broker.transport": "transport",
+           "broker.runtime": "wiring", "broker.cli": "wiring", "workers": "wiring"}
+#: ``mount_broker``, the wiring a host application imports: the one root module of the wiring layer.
+ROOT_WIRING = {"broker.mount"}
 
 
 def module_name(path: Path) -> str:
@@ -47,13 +50,13 @@ GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
 
 
 def layer(name: str) -> str:
-    if name in WIRING:
-        return "wiring"
     if name in BASE:
         return "base"
-    for prefix in ("broker.protocol", "broker.backends", "broker.transport"):
-        if name == prefix or name.startswith(prefix + "."):
-            return prefix.removeprefix("broker.")
+    if name in ROOT_WIRING:
+        return "wiring"
+    for folder, its_layer in FOLDERS.items():
+        if name == folder or name.startswith(folder + "."):
+            return its_layer
     return "core"
 
 
@@ -72,6 +75,30 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     wrong = sorted(f"{name} ({layer(name)}) imports {target} ({layer(target)})"
                    for name, targets in GRAPH.items() for target in targets
                    if target != name and layer(target) not in ALLOWED[layer(name)])
+    assert not wrong, "\n".join(wrong)
+
+
+def folder(name: str) -> str:
+    """The folder of ``broker/`` a module sits in (``root`` for the root's modules)."""
+    parts = name.split(".")
+    if parts[0] != "broker" or len(parts) == 1:
+        return parts[0]
+    return parts[1] if (ROOT / "broker" / parts[1]).is_dir() else "root"
+
+
+#: Within the core, what some folders may never reach: who is calling is told to the core, it asks
+#: nothing of it; change sources and resources publish through the publisher, never into delivery.
+FORBIDDEN = {
+    "auth": {"root", "feeds", "delivery", "events", "sources", "resources", "ops"},
+    "sources": {"feeds", "delivery", "events"},
+    "resources": {"feeds", "delivery", "events", "sources"},
+}
+
+
+def test_identity_and_sources_stay_out_of_delivery() -> None:
+    wrong = sorted(f"{name} imports {target}" for name, targets in GRAPH.items() for target in targets
+                   if layer(name) == "core" and layer(target) == "core"
+                   and folder(target) in FORBIDDEN.get(folder(name), set()))
     assert not wrong, "\n".join(wrong)
 
 
@@ -115,7 +142,7 @@ def test_no_module_imports_itself_back_through_others() -> None:
 def test_nothing_above_the_backends_reaches_into_the_broker_for_them() -> None:
     """Services get the stores they use through their constructors, never ``broker.backend`` or a hub."""
     for name, path in MODULES.items():
-        if layer(name) in ("core", "transport") or name in WIRING - {"broker.runtime"}:
+        if layer(name) in ("core", "transport") or layer(name) == "wiring" and name != "broker.runtime":
             found = re.search(r"\bbroker\.(backend|hub)\b|\._hub\b", path.read_text())
             assert found is None, f"{name} reaches {found.group(0)!r}"
 

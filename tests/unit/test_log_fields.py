@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from broker import logs
 from broker.config import Settings
+from broker.ops import logs
 
 FORGED = "abc tenant=victim\x85 2026-01-01 ERROR forged line\n" + "x" * 30_000
 

@@ -7,7 +7,7 @@ import contextlib
 
 from broker.config import Settings
 from broker.metrics import NO_METRICS, Metrics, complete
-from broker.prometheus import PrometheusMetrics
+from broker.ops.prometheus import PrometheusMetrics
 from broker.runtime import Broker
 from examples.counting_metrics import CountingMetrics
 

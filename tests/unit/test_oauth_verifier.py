@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.app import create_app
 from broker.auth import AuthUnavailable, Bearer, Principal, Unauthorized, authenticator_for
+from broker.auth.identity import PEER
+from broker.auth.jwks import FAILED_RETRY, IssuerKeys, discovery_urls
+from broker.auth.oauth import OAuthTokens, metadata_paths, metadata_url
 from broker.cli import _settings_problems
 from broker.config import Settings
-from broker.identity import PEER
-from broker.jwks import FAILED_RETRY, IssuerKeys, discovery_urls
-from broker.oauth import OAuthTokens, metadata_paths, metadata_url
 from broker.runtime import Broker
+from broker.runtime.app import create_app
 from tests.oauth_issuer import INTROSPECTOR, Authority
 
 ISSUER = "http://issuer.test"

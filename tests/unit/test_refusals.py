@@ -13,7 +13,6 @@ import httpx
 import orjson
 import pytest
 
-from broker.app import create_app
 from broker.auth import Principal
 from broker.config import Settings
 from broker.errors import (
@@ -28,6 +27,7 @@ from broker.errors import (
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.refusals import SPELLING, rpc_error
 from broker.runtime import Broker
+from broker.runtime.app import create_app
 from broker.transport.edge import REST_STATUS, refused
 from broker.transport.rpc import STATUS, status_of
 from broker.transport.stdio import StdioServer

@@ -14,7 +14,6 @@ import httpx
 import orjson
 import pytest
 
-from broker.app import create_app
 from broker.auth import Principal
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
@@ -23,6 +22,7 @@ from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.publisher import Publisher
 from broker.runtime import Broker
+from broker.runtime.app import create_app
 from examples.counting_metrics import CountingMetrics
 from examples.signed_tokens import SignedTokens
 from examples.ticker_source import Ticker

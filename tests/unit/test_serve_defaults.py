@@ -11,7 +11,7 @@ import yaml
 
 from broker import cli
 from broker.config import Settings
-from broker.server import BrokerServer
+from broker.runtime.server import BrokerServer
 from broker.transport.guards import HostPolicy
 from tests.support import ROOT
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from broker.errors import QuotaExceeded
-from broker.files import FileRoot
-from broker.filewatch import FileWatcher
 from broker.sources import SourceRunner
+from broker.sources.files import FileRoot
+from broker.sources.filewatch import FileWatcher
 
 
 class Refusing:

@@ -1,4 +1,4 @@
-"""``broker.keys`` in process: the verifier's cache bound, the rules of a key request, and the ends of
+"""``broker.auth.keys`` in process: the verifier's cache bound, the rules of a key request, and the ends of
 streams whose credential expires (a timer) or is revoked (the Hub's one check for every stream)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from broker.auth import SCOPES, Principal, Unauthorized, authenticator_for
+from broker.auth.keys import MAX_LINEAGE, KeyAdmin, KeyRefused, StoredKeys, parse_duration
 from broker.backends.memory.credentials import MemoryCredentials
 from broker.config import Settings
 from broker.delivery.stream import EndReason
-from broker.keys import MAX_LINEAGE, KeyAdmin, KeyRefused, StoredKeys, parse_duration
 from broker.protocol.jsonrpc import parse_message
 from broker.runtime import Broker
 from tests.integration.modern import request

@@ -15,7 +15,7 @@ there but is not a regular file (a directory, FIFO, socket, device) is ``NotAFil
 ``max_file_bytes`` is ``FileTooLarge``, one above ``max_read_bytes`` (the bound of an encoded answer)
 ``AnswerTooLarge``: each JSON-RPC -32602 with data (``broker/methods.py``).
 
-The changes are published by ``FileWatcher`` (``broker/filewatch.py``), one worker of the
+The changes are published by ``FileWatcher`` (``broker/sources/filewatch.py``), one worker of the
 deployment at a time. ``docs/sources/files.md`` describes the whole feature.
 """
 

@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from broker.auth.identity import SCOPES, Principal, Unauthorized
+from broker.auth.scopes import ADMIN
 from broker.backends.base import Credentials, KeyRecord
-from broker.identity import SCOPES, Principal, Unauthorized
-from broker.scopes import ADMIN
 from broker.tenants import tenant_problem
 
 __all__ = ["ADMIN", "GRANTABLE", "MAX_LINEAGE", "PREFIX", "IssuedKey", "KeyAdmin", "KeyRefused", "StoredKeys",

@@ -126,7 +126,7 @@ class _WorkerProcess(multiprocess.Process):
         pid = self.pid
         super().join()
         if pid is not None:
-            from broker.prometheus import process_exited  # the supervisor's side of the metrics
+            from broker.ops.prometheus import process_exited  # the supervisor's side of the metrics
 
             process_exited(pid)
 

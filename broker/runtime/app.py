@@ -26,10 +26,10 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from broker import logs
 from broker.config import Settings
 from broker.errors import Refusal
 from broker.metrics import Counter
+from broker.ops import logs
 from broker.runtime import Broker
 from broker.transport.admin import build_admin_router
 from broker.transport.edge import Edge, Style, principal_of, refusal, refused, scope_challenger
@@ -74,7 +74,7 @@ _PROBE: Final = Route(Style.REST, authenticate=False, methods=frozenset({"GET", 
 #: Answered whatever the ``Host``: a kubelet or a scraper names the pod's address, and none of
 #: them carries a tenant's data (``/metrics`` shows tenant names only when configured to).
 _ANY_HOST: Final = frozenset({"/livez", "/readyz", "/metrics"})
-#: Statuses that mean a request was refused, logged at a bounded rate (``broker.logs.rejected``).
+#: Statuses that mean a request was refused, logged at a bounded rate (``broker.ops.logs.rejected``).
 _REFUSED: Final = frozenset({400, 401, 403, 404, 405, 408, 413, 415, 421, 422, 429, 431})
 
 

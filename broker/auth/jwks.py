@@ -37,7 +37,7 @@ import httpx
 import orjson
 from jwt import PyJWK, PyJWTError
 
-from broker.identity import AuthUnavailable
+from broker.auth.identity import AuthUnavailable
 
 __all__ = ["ALGORITHMS", "FAILED_RETRY", "MAX_AGE", "IssuerKeys", "ServerMetadata", "discovery_urls"]
 

@@ -8,7 +8,7 @@ reaches back into it. The three seams are set here:
 * ``authenticator``: who a request is (``broker.auth``); static API keys by default;
 * ``add_source``: code that publishes changes of data elsewhere (``broker.sources``);
 * ``metrics``: where counters, gauges and histograms go (``broker.metrics``): Prometheus
-  (``broker.prometheus``) unless ``MCP_BROKER_METRICS=false``, then none (``NO_METRICS``, which
+  (``broker.ops.prometheus``) unless ``MCP_BROKER_METRICS=false``, then none (``NO_METRICS``, which
   also takes no sample: the session count is never made for it).
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from broker import __version__
 from broker.auth import Authenticator, Lifecycle, authenticator_for
+from broker.auth.keys import KeyAdmin, StoredKeys
 from broker.backends import Backend, create_backend
 from broker.backends.base import SubscriptionIndex
 from broker.changes import ChangeKind, ChangeRules
@@ -31,19 +32,18 @@ from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.events.service import Events
 from broker.fanout import Fanout
-from broker.health import Health
-from broker.keys import KeyAdmin, StoredKeys
 from broker.methods import Methods
 from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
+from broker.ops.health import Health
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
 from broker.resources.base import ClosingProvider, ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.resume import ResumableListens
+from broker.runtime.tasks import stop_tasks
 from broker.sessions import Sessions
 from broker.sources import ChangeSource, Extension, SourceRunner
-from broker.tasks import stop_tasks
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -60,15 +60,15 @@ def extension_builders(settings: Settings) -> list[Callable[[Settings], Extensio
     """The extensions the settings turn on, each built from the settings (imported only when used)."""
     builders: list[Callable[[Settings], Extension]] = []
     if settings.file_roots:
-        from broker.filewatch import build as files
+        from broker.sources.filewatch import build as files
 
         builders.append(files)
     if settings.postgres_url:
-        from broker.postgres import build as postgres
+        from broker.sources.postgres import build as postgres
 
         builders.append(postgres)
     if settings.providers:
-        from broker.extensions import build as custom
+        from broker.sources.extensions import build as custom
 
         builders.append(custom)
     return builders
@@ -78,7 +78,7 @@ def default_metrics(settings: Settings) -> Metrics:
     """The binding a Broker uses when it is given none: Prometheus, unless ``settings.metrics`` is off."""
     if not settings.metrics:
         return NO_METRICS
-    from broker.prometheus import PrometheusMetrics  # imported only when used: prometheus_client is not small
+    from broker.ops.prometheus import PrometheusMetrics  # imported only when used: prometheus_client is not small
 
     return PrometheusMetrics()
 
@@ -178,7 +178,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         if settings.demo:
-            from broker.demo import DemoSource, demo_provider  # the demo imports the record service
+            from broker.sources.demo import DemoSource, demo_provider  # the demo imports the record service
 
             self.register(demo_provider())
             self.add_source(DemoSource(self.records, settings.default_tenant, settings.demo_interval))
@@ -254,12 +254,12 @@ class Broker:
             await self.backend.close()
             if isinstance(self.authenticator, Lifecycle):
                 await self.authenticator.close()
-            for provider in self.resources.providers:  # a provider's connections (broker/postgres.py)
+            for provider in self.resources.providers:  # a provider's connections (broker/sources/postgres.py)
                 if isinstance(provider, ClosingProvider):
                     await provider.aclose()
         finally:
             self.started = False
-        self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.prometheus)
+        self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.ops.prometheus)
 
     async def _count_sessions(self) -> None:
         """``mcp_broker_sessions_open``, sampled every ``SESSIONS_COUNT_INTERVAL`` seconds (the first at once):

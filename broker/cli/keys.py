@@ -19,10 +19,10 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from broker.auth.keys import GRANTABLE, MAX_PAGE, KeyAdmin, KeyRefused, key_view, parse_duration
 from broker.backends import create_backend
 from broker.config import Settings
 from broker.errors import BackendUnavailable
-from broker.keys import GRANTABLE, MAX_PAGE, KeyAdmin, KeyRefused, key_view, parse_duration
 
 __all__ = ["add_keys_parser"]
 

@@ -1,6 +1,6 @@
 """Who is calling: the authentication seam every front door shares, and how credentials compose.
 
-An ``Authenticator`` is asked once per HTTP request, at the edge (``broker.app``), before any
+An ``Authenticator`` is asked once per HTTP request, at the edge (``broker.runtime.app``), before any
 route runs; what it returns is the request's ``Principal``, and sessions and listens are bound
 to that principal. A request it refuses gets 401 with the ``WWW-Authenticate`` challenge the
 authenticator chose; one that cannot be checked right now gets 503 (``AuthUnavailable``). It is
@@ -10,11 +10,11 @@ Built in: ``Anonymous`` (no credentials configured: every caller is the anonymou
 the default tenant) and ``Bearer``: the ``Authorization: Bearer`` token, asked of a list of
 ``TokenVerifier``s in order, the first that knows the token deciding. The verifiers: static
 ``ApiKeys`` (``MCP_BROKER_API_KEYS``, each bound to a tenant and a subject, every scope) and
-OAuth access tokens (``broker.oauth``, scopes from the token). With OAuth on, every 401 names
+OAuth access tokens (``broker.auth.oauth``, scopes from the token). With OAuth on, every 401 names
 this server's protected resource metadata (RFC 9728), where a client finds the authorization
 server to get a token from.
 
-The types every verifier needs live in ``broker.identity``, re-exported here.
+The types every verifier needs live in ``broker.auth.identity``, re-exported here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import hmac
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from broker.auth.identity import ALL_SCOPES, SCOPES, AuthUnavailable, Lifecycle, Principal, TokenVerifier, Unauthorized
 from broker.config import Settings
-from broker.identity import ALL_SCOPES, SCOPES, AuthUnavailable, Lifecycle, Principal, TokenVerifier, Unauthorized
 
 __all__ = ["ALL_SCOPES", "SCOPES", "Anonymous", "ApiKeys", "AuthUnavailable", "Authenticator", "Bearer", "Lifecycle",
            "Principal", "ProtectedResource", "TokenVerifier", "Unauthorized", "authenticator_for", "bearer_token"]
@@ -143,7 +143,7 @@ def authenticator_for(settings: Settings, stored_keys: TokenVerifier | None = No
     Each method on adds its verifiers to the list, asked in this order; with none on, every caller
     is anonymous. Tokens of a kind with a prefix of its own (stored keys, ``mcpb_...``) are asked
     for before OAuth, which would otherwise send them to the authorization server.
-    ``stored_keys`` (``broker.keys.StoredKeys``, which the runtime builds on its backend) joins
+    ``stored_keys`` (``broker.auth.keys.StoredKeys``, which the runtime builds on its backend) joins
     the list when ``keys`` is on.
     """
     methods = settings.auth_methods
@@ -156,7 +156,7 @@ def authenticator_for(settings: Settings, stored_keys: TokenVerifier | None = No
             verifiers.append(stored_keys)
     metadata = None
     if "oauth" in methods:
-        from broker.oauth import OAuthTokens, metadata_url
+        from broker.auth.oauth import OAuthTokens, metadata_url
 
         verifiers.append(OAuthTokens.from_settings(settings))
         metadata = metadata_url(settings.oauth_resource or settings.oauth_audience)

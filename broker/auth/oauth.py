@@ -3,7 +3,7 @@
 ``OAuthTokens`` is a ``TokenVerifier`` (``broker.auth``) for the tokens of one authorization
 server (``MCP_BROKER_OAUTH_ISSUER``):
 
-* a JWT is checked here, against the keys the server publishes (``broker.jwks``): an asymmetric
+* a JWT is checked here, against the keys the server publishes (``broker.auth.jwks``): an asymmetric
   signature by one of them, ``iss`` equal to the issuer, ``aud`` naming this server
   (``MCP_BROKER_OAUTH_AUDIENCE``: a token the server issued for another resource is refused, so
   it cannot be replayed here), ``exp`` present and not past, ``nbf`` and ``iat`` not ahead, each
@@ -15,7 +15,7 @@ server (``MCP_BROKER_OAUTH_ISSUER``):
   ``REFUSAL_TTL`` seconds, requests about one token share one question, and at most
   ``INTROSPECTION_CONCURRENCY`` questions are in flight per worker. A made-up token cannot be
   told from a valid one not seen yet without asking, so what it costs is charged to its sender:
-  a peer (``broker.identity.PEER``: the client's address) whose token was refused in the last
+  a peer (``broker.auth.identity.PEER``: the client's address) whose token was refused in the last
   ``REFUSAL_TTL`` seconds asks through a small pool of its own (``refused_peer_concurrency``),
   and a flood of made-up tokens waits on itself while everyone else's questions go on. A token
   that is not a bearer token at all (RFC 6750's characters) is refused without a question.
@@ -50,9 +50,9 @@ import httpx
 import jwt
 import orjson
 
+from broker.auth.identity import PEER, AuthUnavailable, Principal, Unauthorized
+from broker.auth.jwks import ALGORITHMS, IssuerKeys
 from broker.config import Settings
-from broker.identity import PEER, AuthUnavailable, Principal, Unauthorized
-from broker.jwks import ALGORITHMS, IssuerKeys
 from broker.tenants import TENANT_RULE, tenant_problem
 
 __all__ = ["INTROSPECTION_CACHE", "INTROSPECTION_TTL", "WELL_KNOWN", "OAuthTokens", "metadata_paths", "metadata_url"]

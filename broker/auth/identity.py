@@ -1,7 +1,7 @@
 """Who a caller is, and the three answers a credential check can give: a principal, a refusal, "not now".
 
 Kept apart from ``broker.auth`` (which composes the checks and re-exports all of this) so that
-a module that checks one kind of credential (``broker.oauth``, a key store) can name these
+a module that checks one kind of credential (``broker.auth.oauth``, a key store) can name these
 types without importing the module that builds it: ``broker.auth`` imports those modules,
 never the other way round.
 """

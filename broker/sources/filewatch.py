@@ -41,9 +41,9 @@ from watchfiles import awatch
 
 from broker.changes import ChangeKind, InvalidChange
 from broker.config import Settings
-from broker.files import FileRoot, FilesProvider, file_uri, roots_of, scan
 from broker.publisher import Publisher
 from broker.sources import Extension
+from broker.sources.files import FileRoot, FilesProvider, file_uri, roots_of, scan
 
 __all__ = ["FileWatcher", "build"]
 

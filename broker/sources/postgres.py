@@ -4,7 +4,7 @@
 (``schema.table`` or ``table``, as written unquoted in SQL) to the tenant whose records its rows
 are. The configured name is the collection name of the URIs, so it must be a record name
 (``[A-Za-z0-9_.~-]{1,128}``). ``mcp-broker postgres install`` creates the outbox and the triggers
-(``broker/outbox.py``); the change source publishes what they capture, the provider here reads
+(``broker/sources/outbox.py``); the change source publishes what they capture, the provider here reads
 rows (``row_to_json``) and pages of primary keys. Rows whose primary key is not a record name
 cannot be addressed; their changes notify the table's subscribers (docs/sources/postgres.md).
 
@@ -29,8 +29,8 @@ from psycopg_pool import AsyncConnectionPool
 from broker.auth import Principal
 from broker.config import Settings
 from broker.errors import AnswerTooLarge, BackendUnavailable, NotFound
-from broker.outbox import CONNECT_TIMEOUT, OutboxSource, TableKey, install, table_key
 from broker.sources import Extension
+from broker.sources.outbox import CONNECT_TIMEOUT, OutboxSource, TableKey, install, table_key
 from broker.tenants import tenant_problem
 from broker.uris import SCHEME, collection_uri, parse_record_uri, record_uri, valid_name
 

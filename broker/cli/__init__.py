@@ -30,10 +30,10 @@ logger = logging.getLogger(__name__)
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from broker import logs
+    from broker.cli.partitions import count_problem
     from broker.config import Settings
-    from broker.partitions_cli import count_problem
-    from broker.server import BrokerServer, run_workers
+    from broker.ops import logs
+    from broker.runtime.server import BrokerServer, run_workers
     from broker.transport.wire import WireLimits, protocol_factory
 
     # Worker processes read their settings from the environment: the options travel there.
@@ -52,18 +52,18 @@ def _serve(args: argparse.Namespace) -> int:
     if (warning := rebinding_warning(settings)) is not None:
         logger.warning(warning)
     if args.workers > 1:
-        from broker.prometheus import prepare_processes
+        from broker.ops.prometheus import prepare_processes
 
         prepare_processes(args.workers)
     config = uvicorn.Config(
-        "broker.app:app_from_env",
+        "broker.runtime.app:app_from_env",
         factory=True,
         host=args.host,
         port=args.port,
         # Header size, head and body deadlines and a connection cap (broker/transport/wire.py).
         http=protocol_factory(WireLimits.from_settings(settings)),
         workers=args.workers,
-        # Logging is the broker's (broker/logs.py, in every worker): uvicorn's own would print twice.
+        # Logging is the broker's (broker/ops/logs.py, in every worker): uvicorn's own would print twice.
         log_config=None,
         log_level=settings.log_level,
         access_log=False,
@@ -95,8 +95,8 @@ def rebinding_warning(settings: Settings) -> str | None:
 
 
 def _stdio(args: argparse.Namespace) -> int:
-    from broker import logs
     from broker.config import Settings
+    from broker.ops import logs
     from broker.runtime import Broker
     from broker.transport.stdio import serve_stdio
 
@@ -113,8 +113,8 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _fanout(args: argparse.Namespace) -> int:
-    from broker import logs
     from broker.config import Settings
+    from broker.ops import logs
     from workers.fanout import main as fanout_main
 
     settings = Settings()
@@ -130,7 +130,7 @@ def _postgres(args: argparse.Namespace) -> int:
     import psycopg
 
     from broker.config import Settings
-    from broker.postgres import check_tables, install
+    from broker.sources.postgres import check_tables, install
 
     settings = Settings()
     try:
@@ -190,7 +190,7 @@ def _settings_problems() -> list[str]:
 
 def _provider_problems(settings: Settings) -> list[str]:
     """One line for each ``MCP_BROKER_PROVIDERS`` entry that cannot be imported (checked before a start)."""
-    from broker.extensions import load_provider_factory
+    from broker.sources.extensions import load_provider_factory
 
     problems = []
     for spec in settings.providers:
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--url", default=None,
                          help="a running server to publish through (POST /changes), e.g. http://127.0.0.1:8080")
     publish.add_argument("--key", default=None, help="an API key for --url (Authorization: Bearer)")
-    from broker.publish_cli import publish_main
+    from broker.cli.publish import publish_main
 
     publish.set_defaults(func=publish_main)
 
@@ -276,9 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="install: create the outbox, the cursor table and a trigger on each table")
     postgres.set_defaults(func=_postgres)
 
-    from broker.keys_cli import add_keys_parser
-    from broker.partitions_cli import add_partitions_parser
-    from broker.webhooks_cli import add_webhooks_parser
+    from broker.cli.keys import add_keys_parser
+    from broker.cli.partitions import add_partitions_parser
+    from broker.cli.webhooks import add_webhooks_parser
 
     add_keys_parser(sub, formatter)
     add_webhooks_parser(sub, formatter)

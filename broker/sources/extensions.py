@@ -187,7 +187,7 @@ def load_provider_factory(spec: str) -> Callable[..., Any]:
 
     Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
     cannot be imported, or it has no such callable. The working directory is importable, as it
-    is for ``python -m`` and ``uvicorn`` (``broker/extensions.py`` calls the factories).
+    is for ``python -m`` and ``uvicorn`` (``broker/sources/extensions.py`` calls the factories).
     """
     if not FACTORY_SPEC.match(spec):
         raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is not of the form package.module:factory")

@@ -1,0 +1,1 @@
+"""Operations: health and readiness, log formatting, the Prometheus binding."""
