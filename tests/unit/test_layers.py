@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "workers")
 
 #: Modules every layer may use: pure domain rules and types, with no I/O of their own.
-BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics"}
+BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics",
+        "broker.feeds", "broker.feeds.model"}
 #: The processes' wiring and entry points: they may import anything, nothing imports them but each other.
 WIRING = {"broker.runtime", "broker.app", "broker.mount", "broker.server", "broker.cli", "broker.demo", "workers",
           "workers.fanout"}
