@@ -104,6 +104,19 @@ async def test_a_feed_keeps_its_kind_filter_and_refilter_position(backend: Backe
     assert stored is not None and (stored.kind, stored.filter) == (FeedKind.SESSION, None)
 
 
+async def test_a_feed_lost_with_the_stores_data_is_restored_as_its_kind(backend: Backend) -> None:
+    record = new_session(backend)
+    record.kind, record.filter, record.since = FeedKind.LISTEN, Filter.of(["x:a"], True), (record.epoch, 3)
+    await backend.sessions.create(record)
+    await backend.sessions.delete(record.id)
+
+    assert await backend.sessions.restore(record, {"x:a"}) is True
+
+    stored = await backend.sessions.get(record.id)
+    assert stored is not None and (stored.kind, stored.filter, stored.since) == (record.kind, record.filter,
+                                                                                 record.since)
+
+
 async def test_deleting_a_session_removes_its_subscriptions_index_entries_and_inbox(backend: Backend) -> None:
     sid, other = await open_session(backend), await open_session(backend)
     for session in (sid, other):
