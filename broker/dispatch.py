@@ -24,6 +24,9 @@ from broker.delivery.listen import Listen, ListenIndex
 from broker.delivery.resumable import ResumableListen, wants_resumable
 from broker.delivery.stream import EndReason
 from broker.errors import AnswerTooLarge, BackendUnavailable, Refusal
+from broker.feeds.listen import ResumableListens, last_event_id
+from broker.feeds.model import FeedKind
+from broker.feeds.service import Feeds
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
@@ -31,8 +34,6 @@ from broker.protocol.jsonrpc import Message
 from broker.protocol.refusals import rpc_error
 from broker.protocol.versions import BATCH_VERSIONS
 from broker.quotas import Lease, Quotas
-from broker.resume import ResumableListens, last_event_id
-from broker.sessions import Sessions
 
 __all__ = ["Dispatcher"]
 
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 class Dispatcher:
     """Serves MCP messages of both eras to whichever transport received them."""
 
-    def __init__(self, methods: Methods, sessions: Sessions, listens: ListenIndex, streams: LegacyServices, *,
+    def __init__(self, methods: Methods, feeds: Feeds, listens: ListenIndex, streams: LegacyServices, *,
                  max_batch_items: int, max_response_bytes: int, max_read_bytes: int, quotas: Quotas | None = None,
                  resumables: ResumableListens | None = None) -> None:
         """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client).
@@ -52,7 +53,7 @@ class Dispatcher:
         self.quotas = quotas
         #: The quota place of each open listen that holds one, until ``close_listen``.
         self._leases: dict[Listen | ResumableListen, Lease] = {}
-        self.sessions = sessions
+        self.feeds = feeds
         self.listens = listens
         self.streams = streams
         self.max_batch_items = max_batch_items
@@ -75,12 +76,14 @@ class Dispatcher:
         if not msg.is_request:
             raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request")
         version, client_info, caps = self.methods.initialize(msg.params)
-        record = await self.sessions.create(principal, version, client_info, caps)
+        record = await self.feeds.create(principal, FeedKind.SESSION, version=version, client_info=client_info,
+                                         capabilities=caps)
         return rpc.encode_result(msg.id, self.methods.initialize_result(version)), record
 
     async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:
-        """The principal's live session. Raises ``SessionNotFound`` (MCP: 404, initialize again)."""
-        return await self.sessions.load(session_id, principal)
+        """The principal's live session. Raises ``SessionNotFound`` (MCP: 404, initialize again), for
+        a feed of another kind too (a resumable listen's or a poll's id is no session)."""
+        return await self.feeds.load(session_id, principal, FeedKind.SESSION)
 
     def refusal(self, principal: Principal, method: str | None) -> rpc.RpcError | None:
         """The 403 error of a request whose caller lacks the scope ``method`` needs, None when it may go on.
@@ -111,7 +114,7 @@ class Dispatcher:
         message that carried it returns. Responses need no answer (the broker sends no requests).
         """
         if msg.method == "notifications/initialized" and call.session is not None:
-            await self.sessions.initialized(call.session.id)
+            await self.feeds.initialized(call.session.id)
 
     async def request(self, call: Call, msg: Message, *, whole: bool = False) -> bytes:
         """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``).
@@ -210,7 +213,7 @@ class Dispatcher:
         return lambda reason: quotas.release(lease, keep=reason is EndReason.TAKEOVER)
 
     async def end_session(self, session: SessionRecord) -> None:
-        await self.sessions.end(session.id)
+        await self.feeds.end(session.id)
 
     # -- 2026-07-28 (stateless) -----------------------------------------------------------------
     async def modern(self, principal: Principal, msg: Message,
@@ -285,7 +288,7 @@ class Dispatcher:
 
     async def resumable_listen(self, call: Call, msg: Message,
                                header: Callable[[str], str | None] | None) -> ResumableListen:
-        """Open a resumable listen (``broker.resume``), new or from the last event id its client
+        """Open a resumable listen (``broker.feeds.listen``), new or from the last event id its client
         received (the ``Last-Event-ID`` header, or on stdio its ``_meta``), holding a place in the
         tenant's ``listens`` quota as a plain listen does.
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
 
 from broker.backends.types import Frame
 from broker.changes import Change, ChangeKind
@@ -27,7 +30,10 @@ __all__ = [
     "LIST_CHANGED_KEY",
     "LIST_CHANGED_METHOD",
     "UPDATED_METHOD",
+    "ListChanged",
+    "Update",
     "changes_list",
+    "decode",
     "encode_list_changed",
     "encode_update",
     "resync_frames",
@@ -93,3 +99,40 @@ LIST_CHANGED: Final = Frame(LIST_CHANGED_KEY, encode_list_changed())
 def resync_frames(uris: Iterable[str]) -> list[Frame]:
     """The gap rule for a legacy stream: an update of every subscribed URI, then ``list_changed``."""
     return [*(update_frame(uri) for uri in sorted(uris)), LIST_CHANGED]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A decoded ``notifications/resources/updated``: ``uri`` changed; ``meta`` is its change's meta, if any."""
+
+    uri: str
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListChanged:
+    """A decoded ``notifications/resources/list_changed``."""
+
+
+def decode(data: bytes) -> Update | ListChanged | None:
+    """What an inbox frame's notification says; None for anything this module does not encode.
+
+    The one decoder of frames: a reader that only passes frames on (a 2025 session's stream)
+    never calls it, one that restates them (a listen stamps its id, an event carries the URI) does.
+    """
+    if data == LIST_CHANGED.data:
+        return ListChanged()
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    params = message.get("params") if isinstance(message, dict) else None
+    if not isinstance(params, dict):
+        return None
+    if message.get("method") == LIST_CHANGED_METHOD:
+        return ListChanged()
+    uri = params.get("uri")
+    if message.get("method") != UPDATED_METHOD or not isinstance(uri, str):
+        return None
+    meta = params.get("_meta")
+    return Update(uri, meta if isinstance(meta, dict) else None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from broker.changes import Change
+from broker.feeds.model import FeedKind, Filter
 
 if TYPE_CHECKING:
     from broker.config import Settings
@@ -70,7 +71,8 @@ class Frame:
 
 @dataclass(slots=True)
 class SessionRecord:
-    """The durable part of a legacy (handshake-era) session."""
+    """The durable part of a feed (``broker.feeds``): a 2025 session, or a resumable listen, a poll
+    or a webhook subscription, as ``kind`` says; ``filter`` is what a feed other than a session watches."""
 
     id: str
     tenant: str
@@ -81,6 +83,10 @@ class SessionRecord:
     client_info: dict[str, Any] = field(default_factory=dict)
     client_capabilities: dict[str, Any] = field(default_factory=dict)
     initialized: bool = False
+    kind: FeedKind = FeedKind.SESSION
+    filter: Filter | None = None
+    #: ``(epoch, offset)``: the inbox position the feed's last change of filter took effect at.
+    since: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

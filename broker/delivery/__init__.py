@@ -8,9 +8,9 @@ session's GET stream, a cursor into its inbox), ``listen`` (2026-07-28 listens a
 from __future__ import annotations
 
 from broker.delivery.hub import Hub
-from broker.delivery.legacy import LegacyServices, LegacyStream, coalesce, format_event_id, parse_event_id
+from broker.delivery.legacy import LegacyServices, LegacyStream, coalesce
 from broker.delivery.listen import Listen, ListenIndex
 from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
 
 __all__ = ["EndReason", "Hub", "LegacyServices", "LegacyStream", "Listen", "ListenIndex", "Stream", "StreamMetrics",
-           "Streams", "Writer", "coalesce", "format_event_id", "parse_event_id"]
+           "Streams", "Writer", "coalesce"]

@@ -23,29 +23,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
-from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake, generation
+from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake
 from broker.delivery.stream import SAMPLE_EVERY, EndReason, Stream, StreamMetrics, Streams, Writer
 from broker.errors import BackendUnavailable
+from broker.feeds.model import format_event_id
+from broker.feeds.reader import Gone, batch_of
 from broker.notifications import LIST_CHANGED_KEY, resync_frames
 
-__all__ = ["LegacyServices", "LegacyStream", "coalesce", "format_event_id", "parse_event_id"]
+__all__ = ["LegacyServices", "LegacyStream", "coalesce"]
 
 logger = logging.getLogger(__name__)
-
-def format_event_id(epoch: str, offset: int) -> str:
-    return f"{epoch}-{offset}"
-
-
-def parse_event_id(value: str) -> tuple[str, int] | None:
-    """``<epoch>-<offset>`` as issued by this broker; None for anything else."""
-    epoch, sep, offset = value.strip().rpartition("-")
-    # isascii(): str.isdigit() also accepts digits such as "²" that int() then refuses.
-    if not sep or not epoch or not epoch.isascii() or not epoch.isalnum() or len(epoch) > 32:
-        return None
-    if not offset.isascii() or not offset.isdigit() or len(offset) > 19:
-        return None
-    return epoch, int(offset)
-
 
 def coalesce(frames: list[tuple[int, Frame]]) -> list[tuple[int, Frame]]:
     """Keep only the newest frame of each key, in offset order.
@@ -190,7 +177,7 @@ class LegacyStream(Stream):
         if start.claim.generation == CLOSE_ALL:
             # The session was gone when the claim ran (deleted, or lost with the store's data):
             # the client starts again from a 404 rather than this stream restoring it unclaimed.
-            gone = start.read.gone and start.read.epoch == generation(self.session.epoch)
+            gone = batch_of(self.session.epoch, start.read).gone is Gone.ENDED
             self.end(EndReason.GONE if gone else EndReason.LOST)
             return
         first: InboxRead | None = start.read
@@ -251,12 +238,15 @@ class LegacyStream(Stream):
         restored = False
         while self.ended is None:
             if first is None:
-                read = await inboxes.read(self.session.id, self.session.epoch, self.cursor, batch)
+                read = batch_of(self.session.epoch, await inboxes.read(self.session.id, self.session.epoch,
+                                                                       self.cursor, batch))
             else:
-                read, first = first, None
-            if read.gone:
-                if read.epoch == generation(self.session.epoch):
-                    self.end(EndReason.GONE)  # ended (DELETE, expiry), not lost: nothing to restore
+                read, first = batch_of(self.session.epoch, first), None
+            if read.gone is not None:
+                # A session's or a listen's feed is put back after a loss, its client
+                # comes back to it; after an ending (DELETE, expiry) there is nothing to restore.
+                if read.gone is Gone.ENDED:
+                    self.end(EndReason.GONE)
                 elif restored or not await self._restore():
                     self.end(EndReason.LOST)  # lost again at once, or cannot be put back: retry, do not spin
                 else:
@@ -266,9 +256,8 @@ class LegacyStream(Stream):
                     self.cursor = 0
                     await self._resync(writer)
                 continue
-            if read.gap:
-                self.session.epoch = read.epoch
-                self.cursor = read.head
+            if read.resync:
+                self.session.epoch, self.cursor = read.epoch, read.head
                 await self._resync(writer)
                 continue
             self.services.metrics.replayed.inc(len(read.frames))

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import orjson
-
 from broker.backends.types import SessionRecord
-from broker.delivery.legacy import LegacyServices, LegacyStream, format_event_id, parse_event_id
+from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.stream import EndReason, Writer
-from broker.notifications import LIST_CHANGED, UPDATED_METHOD, encode_list_changed, encode_update
+from broker.feeds.model import cursor_of
+from broker.notifications import LIST_CHANGED, ListChanged, decode, encode_list_changed, encode_update
 from broker.protocol import messages
 from broker.protocol.jsonrpc import Id
 
-__all__ = ["EVENT_ID", "FILTER", "LAST_EVENT_ID", "RESUMABLE", "RESUMED", "ListenWriter", "ResumableListen",
-           "format_listen_id", "parse_listen_id", "wants_resumable"]
+__all__ = ["EVENT_ID", "LAST_EVENT_ID", "RESUMABLE", "RESUMED", "ListenWriter", "ResumableListen",
+           "wants_resumable"]
 
 #: The extension's identifier (``server/discover`` ``capabilities.extensions``, and the client's).
 RESUMABLE: Final = "dev.mcp-broker/resumable-listen"
@@ -46,10 +45,6 @@ LAST_EVENT_ID: Final = "dev.mcp-broker/lastEventId"
 #: In the ack's ``_meta``: True when the listen continues one the broker knew, False when it is new
 #: (or starts with the gap rule because the id could not be honoured).
 RESUMED: Final = "dev.mcp-broker/resumed"
-#: Where the session record of a resumable listen keeps its filter (``client_capabilities``).
-FILTER: Final = "dev.mcp-broker/listen"
-#: The longest session id a listen event id may name (the ids the broker makes are 32 characters).
-_MAX_SESSION_ID: Final = 128
 _CLIENT_CAPABILITIES: Final = "io.modelcontextprotocol/clientCapabilities"
 
 
@@ -58,21 +53,6 @@ def wants_resumable(params: dict[str, Any]) -> bool:
     caps = (params.get("_meta") or {}).get(_CLIENT_CAPABILITIES)
     extensions = caps.get("extensions") if isinstance(caps, dict) else None
     return isinstance(extensions, dict) and isinstance(extensions.get(RESUMABLE), dict)
-
-
-def format_listen_id(session_id: str, epoch: str, offset: int) -> str:
-    return f"{session_id}:{format_event_id(epoch, offset)}"
-
-
-def parse_listen_id(value: str) -> tuple[str, str, int] | None:
-    """``(session id, epoch, offset)`` of an id this module issued; None for anything else."""
-    session_id, sep, rest = value.strip().partition(":")
-    if not sep or not session_id or len(session_id) > _MAX_SESSION_ID or not session_id.isascii():
-        return None
-    if not all(c.isalnum() or c in "-_" for c in session_id):
-        return None
-    parsed = parse_event_id(rest)
-    return None if parsed is None else (session_id, *parsed)
 
 
 class ListenWriter:
@@ -99,7 +79,7 @@ class ListenWriter:
         self.acked = False
 
     def _id(self, event_id: str | None) -> str | None:
-        return None if event_id is None else f"{self._session_id}:{event_id}"
+        return None if event_id is None else cursor_of(self._session_id, event_id)
 
     def _stamped(self, event_id: str | None) -> dict[str, Any]:
         if self._stdio and event_id is not None:
@@ -107,13 +87,12 @@ class ListenWriter:
         return self._stamp
 
     def _frame(self, data: bytes, event_id: str | None) -> bytes:
-        if data == LIST_CHANGED.data:
+        decoded = decode(data)
+        if isinstance(decoded, ListChanged):
             return encode_list_changed(self._stamped(event_id))
-        message = orjson.loads(data)
-        params = message.get("params") or {}
-        if message.get("method") != UPDATED_METHOD or not isinstance(params.get("uri"), str):
+        if decoded is None:
             return data  # the inbox holds nothing else; a frame of another kind is passed on as it is
-        return encode_update(params["uri"], params.get("_meta"), self._stamped(event_id))
+        return encode_update(decoded.uri, decoded.meta, self._stamped(event_id))
 
     async def send_ack(self, event_id: str | None) -> None:
         self.acked = True

@@ -43,15 +43,16 @@ import orjson
 
 from broker.auth import Principal
 from broker.backends.base import Inboxes, Leases, Webhooks
-from broker.backends.types import DeadLetter, InboxRead, Wake, WebhookRecord
+from broker.backends.types import DeadLetter, Wake, WebhookRecord
 from broker.config import Settings
-from broker.delivery.resumable import format_listen_id
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.events.callbacks import Callbacks
 from broker.events.lease import LeasedTask
-from broker.events.model import gap_events, occurrences
-from broker.events.state import EventSessions
+from broker.events.model import event_filter, gap_events, occurrences
 from broker.events.subscribe import WebhookSubscriptions
+from broker.feeds.model import Cursor, FeedKind
+from broker.feeds.reader import Batch, FeedReader
+from broker.feeds.service import Feeds
 
 __all__ = ["WebhookDelivery"]
 
@@ -70,14 +71,15 @@ Revoked = Callable[[Collection[str]], Awaitable[set[str]]]
 
 
 class WebhookDelivery:
-    def __init__(self, settings: Settings, store: Webhooks, leases: Leases, inboxes: Inboxes, state: EventSessions,
+    def __init__(self, settings: Settings, store: Webhooks, leases: Leases, inboxes: Inboxes, feeds: Feeds,
                  subscriptions: WebhookSubscriptions, callbacks: Callbacks,
                  touch: Callable[[Sequence[str]], Awaitable[None]], revoked: Revoked | None = None) -> None:
         self.settings = settings
         self.store = store
         self.leases = leases
         self.inboxes = inboxes
-        self.state = state
+        self.reader = FeedReader(inboxes)
+        self.feeds = feeds
         self.subscriptions = subscriptions
         self.callbacks = callbacks
         self.touch = touch
@@ -177,8 +179,8 @@ class WebhookDelivery:
                 if record.gap:
                     await self._send_gap(record)
                     continue
-                read = await self.inboxes.read(record.session, record.epoch, record.offset, self.settings.inbox_batch)
-                if read.gone or read.gap:
+                read = await self.reader.next(record.session, record.epoch, record.offset, self.settings.inbox_batch)
+                if read.gone is not None or read.resync:
                     await self._resync(record, read)
                 elif read.frames:
                     await self._send_frames(record, read)
@@ -192,10 +194,10 @@ class WebhookDelivery:
                 with contextlib.suppress(BackendUnavailable):
                     await unwatch()
 
-    async def _send_frames(self, record: WebhookRecord, read: InboxRead) -> None:
+    async def _send_frames(self, record: WebhookRecord, read: Batch) -> None:
         since = (record.session, record.epoch)
         for offset, frame in read.frames:
-            cursor = format_listen_id(record.session, record.epoch, offset)
+            cursor = str(Cursor(record.session, record.epoch, offset))
             delivered = None
             for event in occurrences(record.session, record.epoch, [(offset, frame)], time.time()):
                 event["cursor"] = cursor  # the safe watermark: every event before it was acknowledged or given up
@@ -204,21 +206,22 @@ class WebhookDelivery:
             if not await self.store.advance(record.id, since, record.session, record.epoch, offset, delivered):
                 return  # the record moved on or is gone: read it again
 
-    async def _resync(self, record: WebhookRecord, read: InboxRead) -> None:
-        """Owe the gap rule from the head (of a new session if the old one is gone), in the update that moves there."""
+    async def _resync(self, record: WebhookRecord, read: Batch) -> None:
+        """Owe the gap rule from the head (of a new feed if the old one is gone), in the update
+        that moves there."""
         session, epoch, head = record.session, read.epoch, read.head
-        if read.gone:
+        if read.gone is not None:
             subject = record.principal.partition("/")[2]
-            what = {"name": record.name, "arguments": record.arguments, "mode": "webhook", "id": record.id}
-            fresh = await self.state.create(Principal(record.tenant, subject), what)
+            what = {"name": record.name, "arguments": record.arguments, "id": record.id}
+            fresh = await self.feeds.create(Principal(record.tenant, subject), FeedKind.WEBHOOK, event_filter(what))
             session, epoch, head = fresh.id, fresh.epoch, 0
         if not await self.store.advance(record.id, (record.session, record.epoch), session, epoch, head, None,
-                                        gap=True) and read.gone:
-            await self.state.sessions.end(session)  # the record moved on meanwhile: this session serves nobody
+                                        gap=True) and read.gone is not None:
+            await self.feeds.end(session)  # the record moved on meanwhile: this session serves nobody
 
     async def _send_gap(self, record: WebhookRecord) -> None:
         """The owed gap rule: a ``gap`` envelope, then an event for every URI; cleared once sent."""
-        cursor = format_listen_id(record.session, record.epoch, record.offset)
+        cursor = str(Cursor(record.session, record.epoch, record.offset))
         logger.warning("webhook subscription %s met a gap; sending the gap rule from %s", record.id, cursor)
         await self._send(record, f"{cursor}~gap", {"type": "gap", "cursor": cursor})
         for event in gap_events(cursor, record.arguments["uris"], time.time()):

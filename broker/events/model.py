@@ -13,22 +13,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import orjson
-
 from broker.backends.types import Frame
-from broker.delivery.resumable import format_listen_id
-from broker.notifications import LIST_CHANGED_KEY
+from broker.feeds.model import Cursor, Filter
+from broker.methods import Call, Methods
+from broker.notifications import LIST_CHANGED_KEY, Update, decode
 from broker.protocol import jsonrpc as rpc
 
-__all__ = ["EVENTS", "RESOURCE_UPDATED", "STATE", "event_type", "gap_events", "iso", "not_found", "occurrence",
-           "occurrences"]
+__all__ = ["EVENTS", "RESOURCE_UPDATED", "event_filter", "event_type", "gap_events", "iso", "not_found",
+           "occurrence", "occurrences", "wanted"]
 
 #: The extension's identifier (``server/discover`` ``capabilities.extensions``).
 EVENTS: Final = "io.modelcontextprotocol/events"
 #: The one event type: a watched resource changed; re-read it.
 RESOURCE_UPDATED: Final = "mcp.resource.updated"
-#: Where a hidden session of a poll or webhook subscription keeps what it is (``client_capabilities``).
-STATE: Final = "dev.mcp-broker/events"
 
 #: The draft's general-purpose error codes (their HTTP statuses: ``broker.transport.rpc``).
 NOT_FOUND: Final = rpc.EVENTS_NOT_FOUND
@@ -86,11 +83,39 @@ def occurrences(session: str, epoch: str, frames: list[tuple[int, Frame]], at: f
     for offset, frame in frames:
         if frame.key == LIST_CHANGED_KEY:
             continue
-        params = orjson.loads(frame.data).get("params") or {}
-        uri = params.get("uri")
-        if isinstance(uri, str):
-            out.append(occurrence(format_listen_id(session, epoch, offset), uri, params.get("_meta"), at))
+        decoded = decode(frame.data)
+        if isinstance(decoded, Update):
+            out.append(occurrence(str(Cursor(session, epoch, offset)), decoded.uri, decoded.meta, at))
     return out
+
+
+def wanted(methods: Methods, call: Call, params: dict[str, Any], mode: str) -> dict[str, Any]:
+    """What a request subscribes to, canonical: ``{"name", "arguments": {"uris": sorted}, "mode"}``.
+
+    Raises:
+        RpcError: -32602 (``invalid``) for a bad name or arguments (the URIs held to a listen
+            filter's rules); -32011 for an event type the server does not have.
+    """
+    name = params.get("name")
+    if not isinstance(name, str):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a string", invalid=True)
+    if name != RESOURCE_UPDATED:
+        raise not_found(f"Unknown event: {name[:100]!r}; events/list names the one this server has", "event")
+    arguments = params.get("arguments")
+    if not isinstance(arguments, dict):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.arguments must be an object: {"uris": [...]}', invalid=True)
+    if unknown := sorted(set(arguments) - {"uris"}):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown arguments: {', '.join(unknown)[:200]}; known: uris",
+                           invalid=True)
+    uris = methods.watched_uris(call, arguments.get("uris"), "arguments.uris")
+    if not uris:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "arguments.uris must name at least one resource", invalid=True)
+    return {"name": name, "arguments": {"uris": sorted(uris)}, "mode": mode}
+
+
+def event_filter(what: dict[str, Any]) -> Filter:
+    """The filter of the feed that serves ``what`` (``wanted``, with a webhook's ``id``)."""
+    return Filter.of(what["arguments"]["uris"], event=what["name"], subscription=what.get("id"))
 
 
 def gap_events(cursor: str, uris: list[str], at: float) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """``events/poll``: the events of a subscription after an opaque cursor, or ``truncated: true``.
 
-``cursor: null`` starts a subscription: a hidden session (``broker.events.state``) and its head
-as the cursor, no events. A cursor names that session and a position in its inbox; the same
+``cursor: null`` starts a subscription: a feed of kind ``poll`` (``broker.feeds``) and its head
+as the cursor, no events. A cursor names that feed and a position in its inbox; the same
 principal with the same arguments reads what follows it, ``maxEvents`` at most (``hasMore``
 says more is waiting), and the read touches the session, which expires ``session_ttl`` after
 its last poll. Anything the broker cannot honour (the session expired or is another
@@ -18,9 +18,10 @@ from typing import Any
 from broker.backends.base import Inboxes
 from broker.backends.types import SessionRecord
 from broker.config import Settings
-from broker.delivery.resumable import format_listen_id, parse_listen_id
-from broker.events.model import gap_events, occurrences
-from broker.events.state import EventSessions, wanted
+from broker.events.model import event_filter, gap_events, occurrences, wanted
+from broker.feeds.model import Cursor, FeedKind
+from broker.feeds.reader import FeedReader
+from broker.feeds.service import Feeds
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 
@@ -35,14 +36,15 @@ def _count(params: dict[str, Any], name: str, default: int, most: int) -> int:
 
 
 class EventPolls:
-    def __init__(self, settings: Settings, methods: Methods, state: EventSessions, inboxes: Inboxes) -> None:
+    def __init__(self, settings: Settings, methods: Methods, feeds: Feeds, inboxes: Inboxes) -> None:
         self.settings = settings
         self.methods = methods
-        self.state = state
-        self.inboxes = inboxes
+        self.feeds = feeds
+        self.reader = FeedReader(inboxes)
 
     async def poll(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        """Raises RpcError: -32602 (400) for bad params or a cursor this server never issues."""
+        """Raises RpcError: -32602 (400) for bad params or a cursor this server never issues. OverQuota,
+        LimitExceeded: a subscription is needed and the tenant's or the deployment's are full."""
         what = wanted(self.methods, call, params, "poll")
         cursor = params.get("cursor")
         if cursor is not None and not isinstance(cursor, str):
@@ -51,35 +53,36 @@ class EventPolls:
         max_age = params.get("maxAgeMs")
         if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.maxAgeMs must be a non-negative integer", invalid=True)
-        if cursor is None:
-            session = await self.state.create(call.principal, what)
-            return self._result([], format_listen_id(session.id, session.epoch, 0), truncated=False, more=False)
-        parsed = parse_listen_id(cursor)
-        if parsed is None:
+        parsed = None if cursor is None else Cursor.parse(cursor)
+        if cursor is not None and parsed is None:
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor is not a cursor this server issued", invalid=True)
-        session_id, epoch, offset = parsed
-        found = await self.state.load(call.principal, session_id, what)
-        if found is None:
+        return await self._poll(call, what, parsed, limit)
+
+    async def _poll(self, call: Call, what: dict[str, Any], cursor: Cursor | None, limit: int) -> dict[str, Any]:
+        position = await self.feeds.resume(call.principal, cursor, FeedKind.POLL, event_filter(what))
+        found = position.feed
+        if cursor is None:
+            return self._result([], str(Cursor(found.id, found.epoch, 0)), truncated=False, more=False)
+        if position.resync:
+            head = 0 if position.new else await self.reader.head(found)
+            return await self._truncated(found, head, call, what)
+        offset = cursor.offset
+        read = await self.reader.next(found.id, found.epoch, offset, limit)
+        if read.gone is not None:  # a new feed, and the gap rule
             return await self._truncated(None, 0, call, what)
-        if epoch != found.epoch:
-            return await self._truncated(found, (await self.inboxes.read(found.id, found.epoch, 0, 1)).head, call, what)
-        read = await self.inboxes.read(found.id, found.epoch, offset, limit)
-        if read.gone:
-            return await self._truncated(None, 0, call, what)
-        if read.gap:
+        if read.resync:
             found.epoch = read.epoch
             return await self._truncated(found, read.head, call, what)
         last = read.frames[-1][0] if read.frames else offset
         events = occurrences(found.id, found.epoch, read.frames, time.time())
-        return self._result(events, format_listen_id(found.id, found.epoch, last), truncated=False,
-                            more=read.head > last)
+        return self._result(events, str(Cursor(found.id, found.epoch, last)), truncated=False, more=read.head > last)
 
-    async def _truncated(self, session: SessionRecord | None, head: int, call: Call,
+    async def _truncated(self, feed: SessionRecord | None, head: int, call: Call,
                          what: dict[str, Any]) -> dict[str, Any]:
-        """The gap rule from the head of ``session``, or of a new one when None."""
-        if session is None:
-            session = await self.state.create(call.principal, what)
-        cursor = format_listen_id(session.id, session.epoch, head)
+        """The gap rule from the head of ``feed``, or of a new one when None."""
+        if feed is None:
+            feed = await self.feeds.create(call.principal, FeedKind.POLL, event_filter(what))
+        cursor = str(Cursor(feed.id, feed.epoch, head))
         return self._result(gap_events(cursor, what["arguments"]["uris"], time.time()), cursor, truncated=True,
                             more=False)
 

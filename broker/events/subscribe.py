@@ -34,15 +34,14 @@ import orjson
 from broker.backends.base import Webhooks
 from broker.backends.types import WebhookRecord
 from broker.config import Settings
-from broker.delivery.resumable import format_listen_id
 from broker.errors import LimitExceeded, OverQuota
 from broker.events.callbacks import CallbackRefused, Callbacks, Target
-from broker.events.model import CALLBACK_ERROR, FORBIDDEN, UNSUPPORTED, iso, not_found
-from broker.events.state import EventSessions, wanted
+from broker.events.model import CALLBACK_ERROR, FORBIDDEN, UNSUPPORTED, event_filter, iso, not_found, wanted
+from broker.feeds.model import Cursor, FeedKind
+from broker.feeds.service import Feeds
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.quotas import Quotas, TenantQuotas
-from broker.sessions import Sessions
 
 __all__ = ["ANONYMOUS", "WebhookSubscriptions", "subscription_id"]
 
@@ -68,15 +67,13 @@ def _secret(delivery: dict[str, Any]) -> str:
 
 
 class WebhookSubscriptions:
-    def __init__(self, settings: Settings, methods: Methods, state: EventSessions, sessions: Sessions,
-                 store: Webhooks, callbacks: Callbacks, *, authenticated: bool,
-                 quotas: TenantQuotas | None = None, buckets: Quotas | None = None) -> None:
+    def __init__(self, settings: Settings, methods: Methods, feeds: Feeds, store: Webhooks, callbacks: Callbacks, *,
+                 authenticated: bool, quotas: TenantQuotas | None = None, buckets: Quotas | None = None) -> None:
         """``authenticated``: whether callers bring credentials (the authenticator is not ``Anonymous``).
         ``buckets``: where verifications are counted (none: not counted)."""
         self.settings = settings
         self.methods = methods
-        self.state = state
-        self.sessions = sessions
+        self.feeds = feeds
         self.store = store
         self.callbacks = callbacks
         #: Webhooks need credentials: with anonymous callers, every caller is the same principal.
@@ -141,13 +138,13 @@ class WebhookSubscriptions:
             await self.end(existing, expired_by=now)  # lapsed, not yet cleaned up (kept if refreshed meanwhile)
         if not target.allowed:
             await self._verify(url, secret, sub_id, call.principal.tenant)
-        session = await self.state.create(call.principal, {**what, "id": sub_id})
+        session = await self.feeds.create(call.principal, FeedKind.WEBHOOK, event_filter({**what, "id": sub_id}))
         record = WebhookRecord(id=sub_id, tenant=session.tenant, principal=call.principal.key, name=what["name"],
                                arguments=what["arguments"], url=url, secret=secret, session=session.id,
                                epoch=session.epoch, offset=0, expires_at=expires, created_at=now,
                                credential=credential)
         if not await self._create(record):  # another subscribe of the same key won the race
-            await self.sessions.end(session.id)
+            await self.feeds.end(session.id)
             return await self.subscribe(call, params)
         # A cursor of before this subscription cannot be replayed from: delivery starts now.
         return self._answer(record, expires, truncated=cursor is not None, status=False)
@@ -163,7 +160,7 @@ class WebhookSubscriptions:
             return await self.store.create(record, self.settings.webhook_max_subscriptions,
                                            self.quotas.of(record.tenant).webhooks)
         except (OverQuota, LimitExceeded):
-            await self.sessions.end(record.session)
+            await self.feeds.end(record.session)
             raise
 
     async def _verify(self, url: str, secret: str, sub_id: str, tenant: str) -> None:
@@ -192,7 +189,7 @@ class WebhookSubscriptions:
 
     def _answer(self, record: WebhookRecord, expires: float, *, truncated: bool, status: bool) -> dict[str, Any]:
         result: dict[str, Any] = {"id": record.id, "refreshBefore": iso(expires),
-                                  "cursor": format_listen_id(record.session, record.epoch, record.offset),
+                                  "cursor": str(Cursor(record.session, record.epoch, record.offset)),
                                   "truncated": truncated}
         if status:
             last = None if record.delivered_at is None else iso(record.delivered_at)
@@ -220,4 +217,4 @@ class WebhookSubscriptions:
         """
         session = await self.store.remove(record.id, expired_by=expired_by, credential=credential)
         if session is not None:
-            await self.sessions.end(session)
+            await self.feeds.end(session)

@@ -32,6 +32,8 @@ from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.events.service import Events
 from broker.fanout import Fanout
+from broker.feeds.listen import ResumableListens
+from broker.feeds.service import Feeds
 from broker.methods import Methods
 from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
 from broker.ops.health import Health
@@ -40,9 +42,7 @@ from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
 from broker.resources.base import ClosingProvider, ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
-from broker.resume import ResumableListens
 from broker.runtime.tasks import stop_tasks
-from broker.sessions import Sessions
 from broker.sources import ChangeSource, Extension, SourceRunner
 
 __all__ = ["RUNNING", "Broker"]
@@ -143,9 +143,6 @@ class Broker:
                                    metrics=metrics, tenant_labels=tenants, quotas=self.quotas)
         self.resources = Resources([RecordsProvider(backend.records)])
         self.records = Records(backend.records, settings, self.publisher)
-        self.sessions = Sessions(backend.sessions, backend.inboxes, settings.max_sessions, metrics=metrics,
-                                 tenant_labels=tenants, quotas=self.quotas.quotas,
-                                 tenant_max=tenant_share(settings, settings.max_sessions))
         self.streams = Streams()
         subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
         listen_metrics = StreamMetrics(metrics, "modern")
@@ -155,18 +152,21 @@ class Broker:
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index = CountedSubscriptions(backend.subscriptions, subscriptions)
         self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas)
+        #: Every feed: 2025 sessions, resumable listens, poll and webhook subscriptions.
+        self.feeds = Feeds(backend.sessions, backend.inboxes, index, settings.max_sessions, metrics=metrics,
+                           tenant_labels=tenants, quotas=self.quotas.quotas,
+                           tenant_max=tenant_share(settings, settings.max_sessions))
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
                                 StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
         #: The events extension (experimental): its methods, and this worker's webhook deliveries.
-        self.events = Events(settings, self.methods, self.sessions, index, backend.inboxes, backend.webhooks,
+        self.events = Events(settings, self.methods, self.feeds, backend.inboxes, backend.webhooks,
                              backend.leases, backend.sessions.touch, authenticator=self.authenticator,
                              quotas=self.quotas.quotas, revoked=None if stored is None else stored.invalid,
                              buckets=self.quotas)
         self.events.install(self.methods)
-        resumables = ResumableListens(self.sessions, index, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info},
-                                      self.quotas.quotas)
-        self.dispatcher = Dispatcher(self.methods, self.sessions, self.listens, legacy,
+        resumables = ResumableListens(self.feeds, legacy, listen_metrics, {SERVER_INFO_KEY: self.server_info})
+        self.dispatcher = Dispatcher(self.methods, self.feeds, self.listens, legacy,
                                      max_batch_items=settings.max_batch_items,
                                      max_response_bytes=settings.max_response_bytes,
                                      max_read_bytes=settings.max_read_bytes, quotas=self.quotas,

@@ -31,15 +31,16 @@ from starlette.types import Receive, Scope, Send
 
 from broker.auth import Principal, scopes
 from broker.auth.scopes import SUBSCRIBE
-from broker.delivery import EndReason, Listen, parse_event_id
+from broker.delivery import EndReason, Listen
 from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, Refusal, SessionNotFound
+from broker.feeds.model import Cursor, parse_event_id
+from broker.feeds.service import SessionRecord, honours
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import http_era
 from broker.protocol.versions import DEFAULT_LEGACY, LEGACY_VERSIONS, MODERN_VERSIONS, PRIMING_VERSIONS
-from broker.sessions import SessionRecord
 from broker.transport.edge import (
     BadBody,
     Style,
@@ -211,10 +212,9 @@ class McpEndpoint:
             parsed = parse_event_id(last_event_id)
             if parsed is None:
                 raise http_error(400, "Bad Request: malformed Last-Event-ID")
-            epoch, cursor = parsed
-            if epoch != session.epoch:
-                # A cursor from another data generation: the gap rule, never "replay everything".
-                resync, cursor = True, 0
+            cursor = parsed[1]
+            if not honours(session, Cursor(session.id, *parsed)):
+                resync, cursor = True, 0  # the gap rule, never "replay everything"
         version = version_header or session.protocol_version or DEFAULT_LEGACY
         try:
             release = await self.dispatcher.stream_lease(session)

@@ -36,11 +36,11 @@ from broker.delivery import EndReason, LegacyStream, Listen
 from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, Refusal
+from broker.feeds.service import SessionRecord
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import stdio_era
 from broker.protocol.jsonrpc import Message
-from broker.sessions import SessionRecord
 from broker.transport.rpc import as_rpc
 from broker.transport.stdio_io import LINE_LIMIT_SLACK, TOO_LONG, Output, Places, StdioWriter, blocking, lines
 

@@ -17,6 +17,7 @@ from broker.backends.base import CLOSE_ALL, Backend, Frame, SessionRecord, Wake
 from broker.changes import Change, ChangeKind
 from broker.config import Settings
 from broker.errors import LimitExceeded, WriteConflict
+from broker.feeds.model import FeedKind, Filter
 from tests.contract.conftest import BACKENDS, make_backend, new_session, open_session
 
 TIMEOUT = 5.0
@@ -84,6 +85,36 @@ async def test_a_session_read_is_a_snapshot_not_a_live_view(backend: Backend) ->
     snapshot.initialized = True
     stored = await backend.sessions.get(record.id)
     assert stored is not None and not stored.initialized
+
+
+async def test_a_feed_keeps_its_kind_filter_and_refilter_position(backend: Backend) -> None:
+    record = new_session(backend)
+    record.kind, record.filter = FeedKind.LISTEN, Filter.of(["x:b", "x:a"], True)
+    await backend.sessions.create(record)
+    stored = await backend.sessions.get(record.id)
+    assert stored is not None and (stored.kind, stored.filter, stored.since) == (record.kind, record.filter, None)
+
+    await backend.sessions.update(record.id, filter=Filter.of(["x:c"]), since=(stored.epoch, 7))
+
+    stored = await backend.sessions.get(record.id)
+    assert stored is not None and (stored.filter, stored.since) == (Filter.of(["x:c"]), (stored.epoch, 7))
+    plain = new_session(backend)
+    await backend.sessions.create(plain)
+    stored = await backend.sessions.get(plain.id)
+    assert stored is not None and (stored.kind, stored.filter) == (FeedKind.SESSION, None)
+
+
+async def test_a_feed_lost_with_the_stores_data_is_restored_as_its_kind(backend: Backend) -> None:
+    record = new_session(backend)
+    record.kind, record.filter, record.since = FeedKind.LISTEN, Filter.of(["x:a"], True), (record.epoch, 3)
+    await backend.sessions.create(record)
+    await backend.sessions.delete(record.id)
+
+    assert await backend.sessions.restore(record, {"x:a"}) is True
+
+    stored = await backend.sessions.get(record.id)
+    assert stored is not None and (stored.kind, stored.filter, stored.since) == (record.kind, record.filter,
+                                                                                 record.since)
 
 
 async def test_deleting_a_session_removes_its_subscriptions_index_entries_and_inbox(backend: Backend) -> None:

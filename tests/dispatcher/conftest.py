@@ -21,7 +21,8 @@ import pytest
 from broker.auth import Principal
 from broker.config import Settings
 from broker.delivery import EndReason
-from broker.delivery.legacy import LegacyStream, parse_event_id
+from broker.delivery.legacy import LegacyStream
+from broker.feeds.model import parse_event_id
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.runtime import Broker

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "workers")
 
 #: Modules every layer may use: pure domain rules and types, with no I/O of their own.
-BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics"}
+BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics",
+        "broker.feeds", "broker.feeds.model"}
 #: Each folder's layer. A module at the root of ``broker/`` outside ``BASE`` is core, and so is
 #: every folder not named here (``feeds``, ``delivery``, ``events``, ``auth``, ``sources``, ``resources``, ``ops``).
 FOLDERS = {"broker.protocol": "protocol", "broker.backends": "backends", "broker.transport": "transport",

@@ -118,10 +118,10 @@ async def test_sessions_full_is_one_error_on_every_path_that_makes_a_session(
 
 async def test_an_outage_reads_the_same_on_http_and_stdio(
         broker: Broker, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def down(*args: Any) -> Any:
+    async def down(*args: Any, **kwargs: Any) -> Any:
         raise BackendUnavailable("redis unavailable during sessions.create: Connection refused")
 
-    monkeypatch.setattr(broker.dispatcher.sessions, "create", down)
+    monkeypatch.setattr(broker.dispatcher.feeds, "create", down)
     monkeypatch.setattr(broker.dispatcher.methods, "call", down)
     list_request = modern("resources/list", {})
     over_http = [await http.post("/mcp", json=INITIALIZE, headers=LEGACY_HEADERS),

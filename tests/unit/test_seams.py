@@ -18,6 +18,7 @@ from broker.auth import Principal
 from broker.backends.memory import MemoryBackend
 from broker.config import Settings
 from broker.errors import BackendUnavailable
+from broker.feeds.model import FeedKind
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.publisher import Publisher
@@ -87,7 +88,7 @@ async def test_the_principal_an_authenticator_returns_is_the_tenant_of_what_it_d
     assert (await client.post("/changes", json={"uri": "mcpb://other/products/1"}, headers=acme)).status_code == 403
     answer = await client.post("/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **acme})
     assert answer.status_code == 200
-    session = await broker.sessions.load(answer.headers["mcp-session-id"], Principal("acme", "alice"))
+    session = await broker.feeds.load(answer.headers["mcp-session-id"], Principal("acme", "alice"), FeedKind.SESSION)
     assert session.tenant == "acme"
 
 

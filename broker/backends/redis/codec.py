@@ -17,6 +17,7 @@ import msgpack
 
 from broker.backends.types import CLOSE_ALL, Frame, SessionRecord, Wake, change_position
 from broker.changes import Change
+from broker.feeds.model import FeedKind, Filter, legacy_kind
 
 __all__ = [
     "NodeWake",
@@ -44,8 +45,12 @@ _FIELDS = {
     "client_info": "info",
     "client_capabilities": "caps",
     "initialized": "init",
+    "kind": "kind",
+    "filter": "filter",
+    "since": "since",
 }
 _PACKED = {"client_info", "client_capabilities"}
+_KINDS = {kind.value for kind in FeedKind}
 
 
 def _encode_value(name: str, value: Any) -> bytes | str:
@@ -56,6 +61,12 @@ def _encode_value(name: str, value: Any) -> bytes | str:
         return "1" if value else "0"
     if name == "created_at":
         return repr(float(value))
+    if name == "filter":
+        packed_filter: bytes = msgpack.packb(None if value is None else value.as_dict())
+        return packed_filter
+    if name == "since":
+        packed_since: bytes = msgpack.packb(None if value is None else list(value))
+        return packed_since
     return str(value)
 
 
@@ -82,6 +93,17 @@ def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord
     def text(field: str) -> str:
         return raw.get(field.encode(), b"").decode()
 
+    capabilities = msgpack.unpackb(raw[b"caps"]) if b"caps" in raw else {}
+    if b"kind" in raw:
+        if text("kind") not in _KINDS:
+            return None  # a kind of feed a newer version made: nothing this one can serve
+        kind = FeedKind(text("kind"))
+        packed = msgpack.unpackb(raw[b"filter"]) if b"filter" in raw else None
+        feed_filter = None if packed is None else Filter.from_dict(packed)
+        since = msgpack.unpackb(raw[b"since"]) if b"since" in raw else None
+        position = None if since is None else (str(since[0]), int(since[1]))
+    else:  # written by an older version: its kind, if not a session's, is in its capabilities
+        kind, feed_filter, position = legacy_kind(capabilities)
     return SessionRecord(
         id=session_id,
         tenant=text("tenant"),
@@ -90,8 +112,11 @@ def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord
         epoch=text("epoch"),
         created_at=float(text("created") or 0.0),
         client_info=msgpack.unpackb(raw[b"info"]) if b"info" in raw else {},
-        client_capabilities=msgpack.unpackb(raw[b"caps"]) if b"caps" in raw else {},
+        client_capabilities=capabilities,
         initialized=raw.get(b"init") == b"1",
+        kind=kind,
+        filter=feed_filter,
+        since=position,
     )
 
 
