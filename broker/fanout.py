@@ -1,15 +1,12 @@
-"""Fan-out: from the change log into session inboxes and listen streams (docs/ARCHITECTURE.md).
+"""Fan-out: from the change log into feed inboxes and listen streams (docs/ARCHITECTURE.md, "The path of a change").
 
 Each fan-out consumer takes a batch of changes from the log's consumer group, turns them into
-frames for every subscribed session, appends those frames to the inboxes, broadcasts the
+frames for every subscribed feed, appends those frames to the inboxes, broadcasts the
 changes to the workers holding listens, and only then acknowledges the batch. A consumer
 that dies before acknowledging leaves its batch pending; another claims it after
-``fanout_claim_idle_ms``. Fan-out is therefore at least once, but inbox appends are
-idempotent: every frame names the change behind it, and an inbox skips a frame of a change no
-newer than the newest of that partition it already holds (``Inboxes.append``), so a
-redone batch adds nothing twice to a session. The broadcast to listens carries the same ids,
-and each process hands a change on at most once (``BroadcastFilter``), so a batch redone after
-its broadcast went out does not reach a listen twice either.
+``fanout_claim_idle_ms``. Fan-out is therefore at least once, and a redone batch adds nothing
+twice to an inbox nor reaches a listen twice: every frame and broadcast change names the change
+behind it (docs/DESIGN-NOTES.md, "Repeats: inbox appends are idempotent per change").
 
 A consumer stopped for shutdown (its task cancelled) finishes the batch in hand, for at most
 ``fanout_stop_timeout`` seconds, before it gives its leases up: the next holder then has no
@@ -18,7 +15,8 @@ half-done batch to redo.
 Order: one consumer at a time reads a partition of the log (the backend's lease), and a batch
 that failed is handed out again before anything newer, so the notifications of one URI leave
 in the order its changes were published. A batch that keeps failing (three times and 30 s) for
-a reason other than the backend is dropped, with its ids in the log.
+a reason other than the backend is dropped, with its ids in the log (docs/DESIGN-NOTES.md,
+"Order: one holder per partition").
 
 Within a batch, repeated updates of one URI coalesce into one frame (the newest change's
 ``meta`` wins), and a tenant's ``list_changed`` is sent at most once.

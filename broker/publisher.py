@@ -9,7 +9,7 @@ in the same place. Record writes store the record with its change in one backend
 Changes are per tenant. A provider that serves every tenant (static documents, a shared file
 root) publishes one change per tenant it serves, under that tenant: the subscription index,
 the change-log bounds and the quotas are all per tenant, and a change "for everyone" would let
-one publisher spend every tenant's budget (docs/ARCHITECTURE.md, "Change sources").
+one publisher spend every tenant's budget (docs/DESIGN-NOTES.md, "Changes are per tenant").
 """
 
 from __future__ import annotations

@@ -7,13 +7,9 @@ the inbox instead. The handoff from replay to live is loss-free because the stre
 session *before* it reads the inbox, and merges by offset (a frame at or below the cursor is
 never sent twice). Event ids are ``<epoch>-<offset>``; any worker can resolve them.
 
-A store that lost its data (Redis restarted empty, a failover to a replica that had not caught
-up) takes the sessions with it. The stream keeps what it needs to put its session back: the
-record, and a copy of the subscription set, loaded when the stream starts and kept current by
-the ``subscribe``/``unsubscribe`` wakes the backend sends with every change to the set. When a
-read finds the session gone under a *new* epoch, the stream restores it and applies the gap
-rule; gone under the *same* epoch, the session was ended and the stream ends
-(docs/ARCHITECTURE.md, "A store that lost its data").
+The stream keeps its session's record and a copy of its subscriptions, so that a session lost
+with the store's data is put back and given the gap rule, while an ended one ends the stream
+(docs/DESIGN-NOTES.md, "A store that lost its data").
 """
 
 from __future__ import annotations
