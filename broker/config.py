@@ -1,4 +1,11 @@
-"""Settings, read from ``MCP_BROKER_*`` environment variables (pydantic-settings)."""
+"""Settings, read from ``MCP_BROKER_*`` environment variables and a TOML file (pydantic-settings).
+
+The file is named by ``MCP_BROKER_CONFIG`` (``mcp-broker serve --config FILE`` sets it, so that
+every worker process reads the same file); its keys are the settings' names (``redis_url =
+"redis://..."``), and a variable of the environment wins over the file. Its form (it exists, it
+is TOML, each key is a setting) is checked by ``config_file``, whose problems stop any command at
+start (``broker.cli``): a misspelled key silently ignored would leave a default in its place.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,20 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
 
 from broker.tenants import tenant_problem
 
-__all__ = ["FACTORY_SPEC", "Settings"]
+__all__ = ["CONFIG_ENV", "FACTORY_SPEC", "Settings", "config_file"]
+
+#: The variable naming the settings file (TOML); unset or empty: none.
+CONFIG_ENV = "MCP_BROKER_CONFIG"
 
 
 class Settings(BaseSettings):
@@ -319,6 +335,22 @@ class Settings(BaseSettings):
     demo: bool = False
     demo_interval: float = Field(default=3.0, gt=0)
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then the file of ``MCP_BROKER_CONFIG`` (when it is set)."""
+        path, keys = config_file()
+        if keys is None:
+            return init_settings, env_settings, dotenv_settings, file_secret_settings
+        unknown = sorted(key for key in keys if key.lower() not in cls.model_fields)
+        if unknown:  # a typo in the file: never a default silently in its place
+            raise SettingsError(f"{path}: {', '.join(unknown)} is not a setting")
+        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
+                TomlConfigSettingsSource(settings_cls, toml_file=path))
+
     @field_validator("quotas", mode="before")
     @classmethod
     def _quotas_object(cls, value: Any) -> Any:
@@ -507,6 +539,27 @@ class Settings(BaseSettings):
                     raise ValueError(f"MCP_BROKER_FILE_ROOTS: the roots of tenants {tenant!r} ({value[tenant]}) and "
                                      f"{other!r} ({value[other]}) overlap; give each tenant a directory of its own")
         return value
+
+def config_file() -> tuple[str, dict[str, Any] | None]:
+    """The settings file named by ``MCP_BROKER_CONFIG`` and its keys and values: ("", None) when none is named.
+
+    Raises:
+        SettingsError: the file cannot be read, or is not TOML (one line, naming the file).
+    """
+    import tomllib
+
+    path = os.environ.get(CONFIG_ENV, "").strip()
+    if not path:
+        return "", None
+    try:
+        with open(path, "rb") as file:
+            return path, tomllib.load(file)
+    except OSError as exc:
+        raise SettingsError(f"{CONFIG_ENV}: cannot read {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not TOML: {exc}; write one `name = value` a line, e.g. "
+                            'redis_url = "redis://127.0.0.1:6379"') from exc
+
 
 #: A host name as a webhook allow-list entry: letters, digits, ``-`` and dots.
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"

@@ -4,8 +4,10 @@ The commands that are more than a few lines live in modules of their own (``publ
 ``keys_cli``, ``webhooks_cli``, ``partitions_cli``, and the client's ``broker_client.watch_cli``).
 
 Every option that has a setting says so in ``--help`` (the ``MCP_BROKER_*`` variable); an
-option given on the command line wins over the variable. A bad setting stops any command with
-one line per bad setting, saying what to write instead, and exit code 2.
+option given on the command line wins over the variable, and a variable over the settings file
+(``--config FILE``, ``MCP_BROKER_CONFIG``; ``mcp-broker config check`` prints the result). A bad
+setting stops any command with one line per bad setting, saying what to write instead, and exit
+code 2.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,9 +39,13 @@ def _serve(args: argparse.Namespace) -> int:
     from broker.runtime.server import BrokerServer, run_workers
     from broker.transport.wire import WireLimits, protocol_factory
 
-    # Worker processes read their settings from the environment: the options travel there.
-    os.environ["MCP_BROKER_HOST"] = args.host
-    os.environ["MCP_BROKER_PORT"] = str(args.port)
+    # Worker processes read their settings from the environment: the options given travel there,
+    # over the settings file (a default must not hide the file's host or port).
+    given: set[str] = getattr(args, "given", set())
+    if "host" in given:
+        os.environ["MCP_BROKER_HOST"] = args.host
+    if "port" in given:
+        os.environ["MCP_BROKER_PORT"] = str(args.port)
     if args.demo:
         os.environ["MCP_BROKER_DEMO"] = "true"
     if problems := _settings_problems():  # --host and --port, as MCP_BROKER_HOST and _PORT, may be bad
@@ -58,8 +65,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         "broker.runtime.app:app_from_env",
         factory=True,
-        host=args.host,
-        port=args.port,
+        host=settings.host,
+        port=settings.port,
         # Header size, head and body deadlines and a connection cap (broker/transport/wire.py).
         http=protocol_factory(WireLimits.from_settings(settings)),
         workers=args.workers,
@@ -147,45 +154,79 @@ def _postgres(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis_url() -> str:
+    from broker.config import Settings
+
+    return Settings().redis_url
+
+
 def _say_bad(problems: list[str]) -> None:
     for problem in problems:
         print(f"mcp-broker: bad setting, not started: {problem}", file=sys.stderr)
 
 
 def _settings_problems() -> list[str]:
-    """One line for each thing wrong with the ``MCP_BROKER_*`` settings (none when they are right)."""
+    """One line for each thing wrong with the settings, of the environment and of the file (none when right)."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from broker.config import Settings
+    from broker.config import CONFIG_ENV, Settings, config_file
 
     known = {"MCP_BROKER_" + name.upper() for name in Settings.model_fields}
-    problems: list[str] = []
-    for name in sorted(os.environ):
-        if name.startswith("MCP_BROKER_") and name not in known:
-            # Ignored silently, a misspelled MCP_BROKER_REDIS_URL started a worker on its own
-            # in-memory backend, with nothing saying so.
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
-            problems.append(f"{name} is not a setting{hint}")
+    # Ignored silently, a misspelled MCP_BROKER_REDIS_URL started a worker on its own in-memory
+    # backend, with nothing saying so.
+    problems = [f"{name} is not a setting{_did_you_mean(name, known)}" for name in sorted(os.environ)
+                if name.startswith("MCP_BROKER_") and name not in known and name != CONFIG_ENV]
+    try:
+        path, in_file = config_file()
+    except SettingsError as exc:
+        return [*problems, str(exc)]
+    fields = set(Settings.model_fields)  # the same in the file: a typo there must not leave a default
+    problems += [f"{path}: {key} is not a setting{_did_you_mean(key, fields)}" for key in sorted(in_file or ())
+                 if key.lower() not in fields]
     if problems:
         return problems
+    where = _Origin(path, in_file or {})
     try:
         from broker.quotas import quota_problems
 
         problems.extend(quota_problems(Settings()))
     except ValidationError as exc:
         for error in exc.errors():
-            name = "MCP_BROKER_" + "_".join(str(part) for part in error["loc"][:1]).upper()
+            field = "_".join(str(part) for part in error["loc"][:1])
             message = str(error["msg"]).removeprefix("Value error, ")
-            problems.append(message if message.startswith("MCP_BROKER_") else f"{name}: {message}")
+            named = re.match(r"MCP_BROKER_([A-Z0-9_]+)", message)
+            if named:  # a message that names its setting: named where it was written
+                problems.append(where.name(named.group(1).lower()) + message[named.end():])
+            else:
+                problems.append(f"{where.name(field)}: {message}")
     except SettingsError as exc:  # a value that is not the JSON its setting needs
-        field = re.search(r'field "([a-z_]+)"', str(exc))
-        name = "MCP_BROKER_" + field.group(1).upper() if field else "a setting"
+        found = re.search(r'field "([a-z_]+)"', str(exc))
+        name = "MCP_BROKER_" + found.group(1).upper() if found else "a setting"
         example = _JSON_EXAMPLES.get(name, "")
         problems.append(f"{name}: not valid JSON; write a JSON value of the setting's type{example} "
                         "(see README, Configuration)")
     return problems
+
+
+def _did_you_mean(name: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a setting was written: its variable, or, when only the file has it, the file and its key."""
+
+    path: str
+    in_file: dict[str, Any]
+
+    def name(self, field: str) -> str:
+        variable = "MCP_BROKER_" + field.upper()
+        keys = {key.lower(): key for key in self.in_file}
+        if variable in os.environ or field not in keys:
+            return variable
+        return f"{self.path}: {keys[field]}"
 
 
 def _provider_problems(settings: Settings) -> list[str]:
@@ -220,7 +261,7 @@ def _env_int(name: str, default: int) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from broker import __version__
 
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = _HelpFormatter
     parser = argparse.ArgumentParser(prog="mcp-broker", description=__doc__.splitlines()[0], formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"mcp-broker {__version__}")
     parser.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
@@ -231,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve MCP over Streamable HTTP on /mcp, plus the REST API",
                            formatter_class=formatter)
-    serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"),
+    serve.add_argument("--host", default=os.environ.get("MCP_BROKER_HOST", "127.0.0.1"), action=_Given,
                        help="address to listen on (env MCP_BROKER_HOST)")
-    serve.add_argument("--port", type=int, default=_env_int("MCP_BROKER_PORT", 8080),
+    serve.add_argument("--port", type=int, default=_env_int("MCP_BROKER_PORT", 8080), action=_Given,
                        help="port to listen on (env MCP_BROKER_PORT)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (Redis backend)")
     serve.add_argument("--demo", action="store_true",
@@ -276,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="install: create the outbox, the cursor table and a trigger on each table")
     postgres.set_defaults(func=_postgres)
 
+    from broker.cli.config import add_config_option, add_config_parser
     from broker.cli.keys import add_keys_parser
     from broker.cli.partitions import add_partitions_parser
     from broker.cli.webhooks import add_webhooks_parser
@@ -283,25 +325,51 @@ def build_parser() -> argparse.ArgumentParser:
     add_keys_parser(sub, formatter)
     add_webhooks_parser(sub, formatter)
     add_partitions_parser(sub, formatter)
+    add_config_parser(sub, formatter)
+    for name, command in sub.choices.items():
+        if name not in ("watch", "config"):  # a client reads no settings; `config check` has its own
+            add_config_option(command)
     return parser
+
+
+class _Given(argparse.Action):
+    """Stores the value and notes that it was given (``args.given``): given, it wins over the settings file."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, unless it has none to show (the help says it, or there is none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action, argparse._StoreTrueAction):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def main(argv: list[str] | None = None) -> int:
     args: Any = build_parser().parse_args(argv)
+    if getattr(args, "config", None):  # where every process of the command reads it, as the other settings
+        from broker.config import CONFIG_ENV
+
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     # The options that are settings go where every process of the command reads them: the environment.
     if args.log_level is not None:
         os.environ["MCP_BROKER_LOG_LEVEL"] = args.log_level
     if args.log_format is not None:
         os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
     problems = [] if args.command == "watch" else _settings_problems()  # a client: no server settings
-    if not problems and args.command in ("serve", "stdio"):  # the commands that load the providers
+    if not problems and args.command in ("serve", "stdio", "config"):  # the commands that load the providers
         from broker.config import Settings
 
         problems = _provider_problems(Settings())
     if problems:
         _say_bad(problems)
         return 2
-    if args.command == "serve" and args.workers > 1 and not os.environ.get("MCP_BROKER_REDIS_URL"):
+    if args.command == "serve" and args.workers > 1 and not _redis_url():
         print("mcp-broker: --workers > 1 needs MCP_BROKER_REDIS_URL: the memory backend lives in one process",
               file=sys.stderr)
         return 2
