@@ -1,8 +1,10 @@
 """``mcp-broker publish``: one change, into a running server (``--url``) or straight into its Redis.
 
 The change is checked here as ``POST /changes`` would check it, before anything is sent
-anywhere. Exit codes: 0 published (its id printed); 2 bad input, or nobody could receive it (the
-memory backend lives inside ``serve``); 75 (EX_TEMPFAIL) refused for now or not reachable: not
+anywhere; through a server the tenant is the key's, which the server knows and this command does
+not, so a record URI is checked in its own tenant's namespace and the server has the last word.
+Exit codes: 0 published (its id printed); 2 bad input, or nobody could receive it (the memory
+backend lives inside ``serve``); 75 (EX_TEMPFAIL) refused for now or not reachable: not
 published, try again later.
 """
 
@@ -25,6 +27,7 @@ def publish_main(args: argparse.Namespace) -> int:
     from broker.config import Settings
     from broker.errors import BackendUnavailable, PublishRefused
     from broker.tenants import tenant_problem
+    from broker.uris import parse_record_uri
 
     problem = tenant_problem(args.tenant) if args.tenant is not None else None
     if problem:
@@ -37,6 +40,11 @@ def publish_main(args: argparse.Namespace) -> int:
         return 2
     settings = Settings()
     tenant = settings.default_tenant if args.tenant is None else args.tenant
+    if args.url:
+        # The server publishes for the tenant of the key: a record URI is checked here in form only,
+        # in its own namespace, and the server refuses it if the key's tenant is another.
+        ref = parse_record_uri(args.uri)
+        tenant = ref.tenant if ref is not None else tenant
     try:  # refused here, as POST /changes would refuse it, before anything is sent anywhere
         change = ChangeRules.from_settings(settings).change(tenant, args.uri, args.kind, meta)
     except InvalidChange as exc:
