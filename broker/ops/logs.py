@@ -120,7 +120,10 @@ def startup_line(settings: Settings) -> str:
         host = parts.hostname or ""
         backend = f"{parts.scheme}://{host}{':' + str(parts.port) if parts.port else ''}{parts.path}"
     methods = settings.auth_methods
-    auth = " and ".join(([f"{len(settings.api_keys)} API keys"] if "keys" in methods else [])
+    # With keys on, the keys stored at run time (the admin API, ``mcp-broker keys``) are accepted
+    # whether or not the settings name any.
+    static = f" and {len(settings.api_keys)} API keys of the settings" if settings.api_keys else ""
+    auth = " and ".join(([f"stored API keys{static}"] if "keys" in methods else [])
                         + ([f"OAuth tokens of {settings.oauth_issuer}"] if "oauth" in methods else [])) \
         or f"off (anonymous principal of tenant {settings.default_tenant!r})"
     hosts = "loopback names" if settings.allowed_hosts is None and settings.host in ("127.0.0.1", "localhost", "::1") \

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
-from tests.support import BIN, BrokerProcess
+from tests.support import BIN, BrokerProcess, wait_until
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -27,3 +28,10 @@ def test_publish_through_a_server_publishes_for_the_tenant_of_the_key() -> None:
         assert refused.returncode == 2 and "namespace of tenant 'acme'" in refused.stderr
         assert "'beta'" in refused.stderr
 
+
+def test_the_startup_line_says_stored_keys_are_accepted_when_the_settings_name_none(tmp_path: Path) -> None:
+    log = tmp_path / "broker.log"
+    with BrokerProcess(env={"MCP_BROKER_AUTH": "keys"}, log=log, log_level="info"):
+        wait_until(lambda: b"backend memory" in log.read_bytes(), what="the startup line")
+    line = next(line for line in log.read_text().splitlines() if "backend memory" in line)
+    assert "auth stored API keys," in line and "0 API keys" not in line
