@@ -7,8 +7,9 @@ is one (``bind``, set by the app for each request). The session and request id a
 client writes, so each field is cut to ``MAX_FIELD`` characters and percent-encoded but for
 letters, digits and ``-._~:/+@``: a forged ``tenant=`` field, a line break (NEL included) or a
 30 kB header cannot make a line lie or grow. ``rejected`` logs refused requests (401, 403, 413,
-421, 429, ...) at a bounded rate, so a flood of bad requests cannot flood the log: at most one
-line per route and status every ``REJECTED_EVERY`` seconds, with how many were refused meanwhile.
+421, 429, ...) with their method and path, escaped alike, at a bounded rate, so a flood of bad
+requests cannot flood the log: at most one line per route and status every ``REJECTED_EVERY``
+seconds, with how many were refused meanwhile.
 ``startup`` is the one line each worker writes at start with its effective configuration, secrets
 masked.
 """
@@ -27,7 +28,8 @@ from urllib.parse import quote
 from broker import __version__
 from broker.config import Settings
 
-__all__ = ["MAX_FIELD", "REJECTED_EVERY", "JsonFormatter", "bind", "configure", "rejected", "startup_line"]
+__all__ = ["MAX_FIELD", "REJECTED_EVERY", "JsonFormatter", "bind", "configure", "escaped", "rejected",
+           "startup_line"]
 
 logger = logging.getLogger("broker.requests")
 
@@ -43,7 +45,12 @@ TEXT_FORMAT: Final = "%(asctime)s %(levelname)-7s %(name)s [%(process)d]%(contex
 
 def bind(**fields: str | None) -> None:
     """Name the request this task serves in every line it logs from now on (each request has its task)."""
-    _CONTEXT.set({k: quote(v[:MAX_FIELD], safe="-._~:/+@") for k, v in fields.items() if v})
+    _CONTEXT.set({k: escaped(v) for k, v in fields.items() if v})
+
+
+def escaped(value: str) -> str:
+    """A field a client wrote, as a line may carry it: cut to ``MAX_FIELD`` characters, percent-encoded."""
+    return quote(value[:MAX_FIELD], safe="-._~:/+@")
 
 
 class _ContextFilter(logging.Filter):
@@ -98,8 +105,11 @@ def configure(settings: Settings, *, level: str | None = None, fmt: str | None =
 _refused: dict[tuple[str, int], tuple[float, int]] = {}
 
 
-def rejected(route: str, status: int, peer: str | None = None) -> None:
-    """A request was refused with ``status``: said at most every ``REJECTED_EVERY`` seconds per route and status."""
+def rejected(route: str, status: int, peer: str | None = None, *, method: str = "", path: str = "") -> None:
+    """A request was refused with ``status``: said at most every ``REJECTED_EVERY`` seconds per route and status.
+
+    The line names the method and path of the request that made it (escaped: a client wrote them).
+    """
     now = time.monotonic()
     last, count = _refused.get((route, status), (0.0, 0))
     if now - last < REJECTED_EVERY:
@@ -107,7 +117,9 @@ def rejected(route: str, status: int, peer: str | None = None) -> None:
         return
     _refused[(route, status)] = (now, 0)
     more = f" (and {count} more since the last such line)" if count else ""
-    logger.warning("refused a request to %s with %d%s%s", route, status, f" from {peer}" if peer else "", more)
+    request = f": {escaped(method)} {escaped(path)}" if method or path else ""
+    logger.warning("refused a request to %s with %d%s%s%s", route, status, request, f" from {peer}" if peer else "",
+                   more)
 
 
 def startup_line(settings: Settings) -> str:

@@ -127,19 +127,19 @@ class BrokerApp:
             if refused is None:
                 refused = await self.edge.admit(scope, route.style, origin, authenticate=route.authenticate)
             if refused is not None:
-                self._answered(name, refused.status_code)
+                self._answered(name, refused.status_code, scope)
                 await refused(scope, receive, send)
                 return
             if route.authenticate:  # the lines this request's task logs name whom it serves
                 logs.bind(tenant=principal_of(scope).tenant, session=session, request=request_id)
             if direct is None and path != "/mcp":
-                await self.api(scope, receive, self._counted(send, name, origin))
+                await self.api(scope, receive, self._counted(send, name, origin, scope))
                 return
             # Run here rather than in the endpoint's __call__: one frame fewer stays suspended for
             # as long as a GET stream is open (about 280 bytes each).
             response = await (self.mcp if direct is None else direct[0]).respond(scope, receive)
             if isinstance(response, Response):
-                self._answered(name, response.status_code)
+                self._answered(name, response.status_code, scope)
                 if origin is not None:
                     response.raw_headers += self.edge.cors_headers(origin)
             else:  # a stream: its headers are sent once, nothing is added per frame
@@ -161,7 +161,7 @@ class BrokerApp:
                          "broker.mount.broker_lifespan(broker) in the host's lifespan", path)
         style = Style.RPC if path == "/mcp" else Style.REST
         response = refusal(style, 503, NOT_STARTED, {"Retry-After": "1"})
-        self._answered("mcp" if path == "/mcp" else "other", 503)
+        self._answered("mcp" if path == "/mcp" else "other", 503, scope)
         await response(scope, receive, send)
 
     def _refuse(self, scope: Scope, path: str, route: Route, host: str | None, origin: str | None) -> Response | None:
@@ -176,23 +176,23 @@ class BrokerApp:
             return refusal(route.style, 405, "Method Not Allowed", {"Allow": ", ".join(sorted(route.methods))})
         return None
 
-    def _answered(self, route: str, status: int) -> None:
+    def _answered(self, route: str, status: int, scope: Scope | None = None) -> None:
         counter = self._answers.get((route, status))
         if counter is None:
             counter = self._answers[(route, status)] = self.metrics.counter(
                 "mcp_broker_http_answers_total", route=route, status=str(status))
         counter.inc()
         if status in _REFUSED:
-            logs.rejected(route, status)
+            logs.rejected(route, status, method=scope["method"] if scope else "", path=scope["path"] if scope else "")
 
-    def _counted(self, send: Send, route: str, origin: str | None) -> Send:
+    def _counted(self, send: Send, route: str, origin: str | None, scope: Scope) -> Send:
         """``send`` for FastAPI's answers: counting the status, adding ``NO_SNIFF_NO_STORE`` (and, for a
         browser's, the CORS headers)."""
         extra = [*NO_SNIFF_NO_STORE, *(self.edge.cors_headers(origin) if origin is not None else ())]
 
         async def wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self._answered(route, message["status"])
+                self._answered(route, message["status"], scope)
                 if extra:
                     message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
