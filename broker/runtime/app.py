@@ -35,6 +35,7 @@ from broker.transport.admin import build_admin_router
 from broker.transport.edge import Edge, Style, principal_of, refusal, refused, scope_challenger
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
+from broker.transport.openapi import describe
 from broker.transport.ops import Livez, MetricsEndpoint, Readyz, ResourceMetadata, resource_metadata_paths
 from broker.transport.publish import ChangesEndpoint
 from broker.transport.rest import build_router
@@ -104,6 +105,11 @@ class BrokerApp:
             # RFC 9728, asked for before a client has any token (with OAuth on; none otherwise).
             **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
         }
+
+    @property
+    def direct_routes(self) -> dict[str, str]:
+        """The paths served around FastAPI, each with its route name."""
+        return {"/mcp": "mcp", **{path: name for path, (_, name, _) in self._direct.items()}}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -278,7 +284,10 @@ def create_app(settings: Settings | None = None, broker: Broker | None = None) -
     async def refusal_answer(request: Request, exc: Refusal) -> Response:
         return refused(exc)  # an outage, a record quota, the change log's bounds: edge.REST_STATUS
 
-    return BrokerApp(broker, api)
+    app = BrokerApp(broker, api)
+    if docs:  # the routes served around FastAPI belong in its description too
+        describe(api, app.direct_routes)
+    return app
 
 
 def app_from_env() -> BrokerApp:

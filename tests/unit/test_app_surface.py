@@ -1,4 +1,4 @@
-"""What the app says about itself: method and path in its refusal lines.
+"""What the app says about itself: every route in its API description, method and path in its refusal lines.
 
 In-process: the app over ``httpx.ASGITransport`` on the memory backend.
 """
@@ -15,16 +15,37 @@ from broker.config import Settings
 from broker.ops import logs
 from broker.runtime import Broker
 from broker.runtime.app import create_app
+from broker.transport.openapi import DIRECT_ROUTES, WEBHOOKS
+
+OAUTH = {"auth": "keys,oauth", "oauth_issuer": "https://issuer.example", "oauth_audience": "https://broker.example/mcp"}
 
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    broker = Broker(Settings(_env_file=None, auth="keys"))  # type: ignore[call-arg]
+    broker = Broker(Settings(_env_file=None, docs=True, auth="keys"))  # type: ignore[call-arg]
     await broker.start()
     transport = httpx.ASGITransport(app=create_app(broker=broker))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         yield client
     await broker.stop()
+
+
+def test_every_route_the_app_serves_is_in_its_api_description() -> None:
+    app = create_app(Settings(_env_file=None, docs=True, **OAUTH))  # type: ignore[call-arg, arg-type]
+    described = app.api.openapi()
+    assert set(app.direct_routes) >= {"/mcp", "/changes", "/livez", "/readyz", "/metrics",
+                                      "/.well-known/oauth-protected-resource"}
+    assert set(app.direct_routes.values()) <= set(DIRECT_ROUTES), "a route served around FastAPI is not described"
+    assert set(described["paths"]) >= set(app.direct_routes)
+    # FastAPI's own routes stay: health, the REST API, the admin API.
+    assert {"/healthz", "/collections", "/collections/{name}/{record_id}", "/admin/keys"} <= set(described["paths"])
+    assert set(described["paths"]["/mcp"]) == {"post", "get", "delete"}
+    assert described["webhooks"] == WEBHOOKS and "Change" in described["components"]["schemas"]
+
+
+async def test_the_served_description_lists_the_routes_served_around_fastapi(http: httpx.AsyncClient) -> None:
+    paths = (await http.get("/openapi.json")).json()["paths"]
+    assert {"/mcp", "/changes", "/livez", "/readyz", "/metrics", "/healthz", "/admin/keys"} <= set(paths)
 
 
 async def test_a_refusal_line_names_the_method_and_the_path_escaped(
