@@ -34,12 +34,14 @@ class Dropped(Exception):
     """The transport broke, or the server ended the stream: recover and carry on (internal).
 
     ``complete`` is a clean end the server asked for (a listen's ``complete`` result, a draining
-    server): not an error, yet the stream is gone all the same.
+    server): not an error, yet the stream is gone all the same. ``retry_after``: the seconds the
+    server asked the client to wait before it tries again (``Retry-After`` of a 429 or a 503).
     """
 
-    def __init__(self, reason: str, *, complete: bool = False) -> None:
+    def __init__(self, reason: str, *, complete: bool = False, retry_after: float | None = None) -> None:
         super().__init__(reason)
         self.complete = complete
+        self.retry_after = retry_after
 
 
 class SessionGone(Dropped):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import itertools
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -18,6 +20,8 @@ from broker_client.channel import RESUMED, RESYNCED, Channel
 from broker_client.errors import Dropped, NotSupported, RpcError, SessionGone, WatchError
 
 ACCEPT = "application/json, text/event-stream"
+#: The longest wait a ``Retry-After`` is honoured for: a misconfigured server cannot park a watch for a day.
+MAX_RETRY_AFTER = 3600.0
 _listen_ids = itertools.count(1)
 
 
@@ -60,13 +64,39 @@ def check_status(response: httpx.Response, body: bytes, *, session: bool) -> Non
         return
     if status == 404 and session:
         raise SessionGone("the server no longer knows the session (404)")
-    if status >= 500 or status in (408, 409, 429):
-        raise Dropped(f"HTTP {status}")
+    if status >= 500 or status in (408, 409, 429):  # worth another try, after the wait the server asks for
+        said = _said(body)
+        raise Dropped(f"HTTP {status}" + (f": {said}" if said else ""), retry_after=retry_after(response.headers))
     message = wire.decode(body) if body else None
     error = message.get("error") if message is not None else None
     if isinstance(error, dict):
         raise RpcError(int(error.get("code", -status)), f"HTTP {status}: {error.get('message', '')}", error.get("data"))
     raise RpcError(-status, f"HTTP {status}: {body[:200].decode(errors='replace')}")
+
+
+def _said(body: bytes) -> str:
+    """What a refusal's body says, on one line: a JSON-RPC error's message, a REST ``detail``, or its text."""
+    message = wire.decode(body) if body else None
+    if message is not None:
+        error = message.get("error")
+        text = error.get("message") if isinstance(error, dict) else message.get("detail")
+        if isinstance(text, str):
+            return " ".join(text.split())[:300]
+    return " ".join(body[:300].decode(errors="replace").split())
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """``Retry-After`` in seconds (delay-seconds or an HTTP date), at most an hour; None when absent or unreadable."""
+    value = str(headers.get("retry-after", "")).strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max(0.0, (when - datetime.now(UTC)).total_seconds()), MAX_RETRY_AFTER)
 
 
 async def answer_in_stream(response: httpx.Response, id_: Any) -> dict[str, Any] | None:

@@ -3,7 +3,9 @@
 On a terminal, a live status line at the bottom and, above it, each URI's content when first
 read and a unified diff of it on every change. With ``--json``, one object per line:
 ``{"event": "update", "uri", "content", "error", "initial"}`` or ``{"event": "status", "status",
-"era", "detail"}``. ``<url>`` may also be a command that serves MCP on stdin/stdout.
+"era", "detail"}``. ``<url>`` may also be a command that serves MCP on stdin/stdout. When the
+reader of the output goes away (``watch --json | head``), the watch ends quietly with exit code
+141, as a Unix tool killed by SIGPIPE does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import contextlib
 import difflib
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any
@@ -139,6 +143,11 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_watch(args, headers))
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a watch ends
+    except BrokenPipeError:
+        # The reader went away (`watch --json | head`): end quietly, as Unix tools do. Output still
+        # buffered goes nowhere, so the interpreter's last flush raises nothing either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,8 @@ class Backoff:
 
     The first retry after a stream that was delivering is immediate (a server draining on
     SIGTERM, a load balancer closing an idle connection); later ones wait ``initial * 2**n``
-    up to ``maximum``, each a random time in its upper half so that clients spread out.
+    up to ``maximum``, each a random time in its upper half so that clients spread out. A
+    server's ``Retry-After`` (with a 429 or a 503) is waited for when it is longer.
     """
 
     initial: float = 0.25
@@ -192,7 +193,8 @@ class Watcher:
                 if failures > self.backoff.retries:
                     self._status("gave_up", str(exc), failures)
                     raise GaveUp(f"gave up after {failures - 1} retries: {exc}") from exc
-                delay = self.backoff.delay(failures)
+                # The server's Retry-After (a 429, a 503) over the backoff's own choice when longer.
+                delay = max(self.backoff.delay(failures), exc.retry_after or 0.0)
                 self._status("retrying", f"{exc}; next try in {delay:.2f}s", failures)
                 await asyncio.sleep(delay)
 

@@ -129,3 +129,47 @@ def test_the_client_imports_nothing_of_the_server() -> None:
     server = {"broker", "redis", "fastapi", "starlette", "uvicorn", "psycopg", "prometheus_client", "pydantic",
               "orjson", "msgpack", "watchfiles", "mcp"}
     assert not {name.split(".")[0] for name in loaded} & server
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}
+
+
+async def test_watch_says_what_the_server_refused_and_waits_as_long_as_it_asks(env: dict[str, str]) -> None:
+    with BrokerProcess(env={"MCP_BROKER_QUOTAS": '{"default": {"sessions": 1}}'}) as proc:
+        headers = {"accept": "application/json, text/event-stream"}
+        assert httpx.post(proc.mcp_url, json=INITIALIZE, headers=headers).status_code == 200  # the one session
+        full = httpx.post(proc.mcp_url, json=INITIALIZE, headers=headers)
+        assert full.status_code == 429
+        message, wait = full.json()["error"]["message"], float(full.headers["retry-after"])
+        argv = [str(BIN), "watch", "--json", "--era", "legacy", proc.mcp_url, "mcpb://default/c/1"]
+        watching = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert watching.stdout is not None
+            status = json.loads(watching.stdout.readline())
+        finally:
+            watching.send_signal(signal.SIGINT)
+            assert watching.wait(10) == 0
+            if watching.stdout is not None:
+                watching.stdout.close()
+    # The server's words, and its Retry-After rather than an immediate retry.
+    assert status["status"] == "retrying"
+    assert status["detail"] == f"HTTP 429: {message}; next try in {wait:.2f}s"
+
+
+async def test_watch_into_a_reader_that_leaves_ends_quietly(broker: BrokerProcess, env: dict[str, str]) -> None:
+    target = Target("broker", broker.mcp_url, broker.url, broker=True)
+    await target.write("pipe", 1)
+    watching = subprocess.Popen([str(BIN), "watch", "--json", broker.mcp_url, target.uri("pipe")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watching.stdout is not None and watching.stderr is not None
+    assert json.loads(watching.stdout.readline())["status"] == "connected"
+    watching.stdout.close()  # `watch --json | head -1`: the reader has what it wanted
+    await target.write("pipe", 2)  # and the watch has more to say
+    try:
+        code = watching.wait(15)
+    finally:
+        watching.kill()
+    assert watching.stderr.read() == "" and code == 141
+    watching.stderr.close()
