@@ -16,6 +16,7 @@ run: $(STAMP)
 	$(BIN)/mcp-broker serve --demo
 
 test: $(STAMP)
+	@echo "make test: the whole suite, about 12 minutes on two cores (make test-fast: about 40 s)"
 	$(BIN)/pytest -q
 
 # The tests that start no process and no server (markers set by tests/tiers.py): the loop while editing.
