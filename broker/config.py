@@ -345,7 +345,7 @@ class Settings(BaseSettings):
         path, keys = config_file()
         if keys is None:
             return init_settings, env_settings, dotenv_settings, file_secret_settings
-        unknown = sorted(key for key in keys if key.lower() not in cls.model_fields)
+        unknown = sorted(key for key in keys if key not in cls.model_fields)
         if unknown:  # a typo in the file: never a default silently in its place
             raise SettingsError(f"{path}: {', '.join(unknown)} is not a setting")
         return (init_settings, env_settings, dotenv_settings, file_secret_settings,

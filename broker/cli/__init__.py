@@ -183,7 +183,7 @@ def _settings_problems() -> list[str]:
         return [*problems, str(exc)]
     fields = set(Settings.model_fields)  # the same in the file: a typo there must not leave a default
     problems += [f"{path}: {key} is not a setting{_did_you_mean(key, fields)}" for key in sorted(in_file or ())
-                 if key.lower() not in fields]
+                 if key not in fields]
     if problems:
         return problems
     where = _Origin(path, in_file or {})
@@ -210,7 +210,7 @@ def _settings_problems() -> list[str]:
 
 
 def _did_you_mean(name: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
+    close = [name.lower()] if name.lower() in known else difflib.get_close_matches(name, known, n=1)
     return f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
 
 
@@ -223,10 +223,9 @@ class _Origin:
 
     def name(self, field: str) -> str:
         variable = "MCP_BROKER_" + field.upper()
-        keys = {key.lower(): key for key in self.in_file}
-        if variable in os.environ or field not in keys:
+        if variable in os.environ or field not in self.in_file:
             return variable
-        return f"{self.path}: {keys[field]}"
+        return f"{self.path}: {field}"
 
 
 def _provider_problems(settings: Settings) -> list[str]:
@@ -317,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="install: create the outbox, the cursor table and a trigger on each table")
     postgres.set_defaults(func=_postgres)
 
-    from broker.cli.config import add_config_option, add_config_parser
+    from broker.cli.config import add_config_parser
     from broker.cli.keys import add_keys_parser
     from broker.cli.partitions import add_partitions_parser
     from broker.cli.webhooks import add_webhooks_parser
@@ -327,9 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_partitions_parser(sub, formatter)
     add_config_parser(sub, formatter)
     for name, command in sub.choices.items():
-        if name not in ("watch", "config"):  # a client reads no settings; `config check` has its own
-            add_config_option(command)
+        if name != "watch":  # a client: it reads no settings
+            _add_config_options(command)
     return parser
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """``--config`` on a command, or on each action of a command that has actions (``keys create``)."""
+    from broker.cli.config import add_config_option
+
+    actions = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not actions:
+        add_config_option(parser)
+    for action in actions:
+        for child in action.choices.values():
+            _add_config_options(child)
 
 
 class _Given(argparse.Action):

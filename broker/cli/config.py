@@ -41,9 +41,8 @@ def add_config_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None
     config = sub.add_parser("config", help="the settings: `config check` prints the effective ones, secrets masked",
                             formatter_class=formatter)
     actions = config.add_subparsers(dest="action", required=True)
-    check = actions.add_parser("check", formatter_class=formatter,
-                               help="check the settings (environment and --config file) and print them, masked")
-    add_config_option(check)
+    actions.add_parser("check", formatter_class=formatter,
+                       help="check the settings (environment and --config file) and print them, masked")
     config.set_defaults(func=run)
 
 
@@ -56,13 +55,12 @@ def run(args: argparse.Namespace) -> int:
 def effective_settings(settings: Settings) -> str:
     """``settings`` as TOML lines, secrets masked, each value not a default followed by where it was written."""
     path, in_file = config_file()
-    in_file = {key.lower(): key for key in in_file or {}}
     lines = [f"# mcp-broker {__version__}: the effective settings (defaults, then "
              f"{path or 'no settings file'}, then MCP_BROKER_* variables), secrets masked"]
     for name in Settings.model_fields:
         value = masked(name, getattr(settings, name))
         variable = "MCP_BROKER_" + name.upper()
-        origin = variable if variable in os.environ else (f"{path}: {in_file[name]}" if name in in_file else "")
+        origin = variable if variable in os.environ else (f"{path}: {name}" if name in (in_file or {}) else "")
         if value is None:
             lines.append(f"# {name}: unset" + (f" ({origin})" if origin else ""))
         else:

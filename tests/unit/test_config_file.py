@@ -82,3 +82,8 @@ def test_help_never_shows_a_default_of_none() -> None:
     assert len(parsers) > 10
     for current in parsers:
         assert "(default: None)" not in " ".join(current.format_help().split()), current.prog
+
+
+def test_a_key_is_the_setting_name_as_written_in_the_code(config: Path) -> None:
+    config.write_text('REDIS_URL = "redis://127.0.0.1:6379"\n')
+    assert cli._settings_problems() == [f"{config}: REDIS_URL is not a setting; did you mean redis_url?"]
