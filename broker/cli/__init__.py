@@ -190,16 +190,13 @@ def _settings_problems() -> list[str]:
     try:
         from broker.quotas import quota_problems
 
-        problems.extend(quota_problems(Settings()))
+        problems.extend(where.said(line) for line in quota_problems(Settings()))
     except ValidationError as exc:
         for error in exc.errors():
             field = "_".join(str(part) for part in error["loc"][:1])
             message = str(error["msg"]).removeprefix("Value error, ")
-            named = re.match(r"MCP_BROKER_([A-Z0-9_]+)", message)
-            if named:  # a message that names its setting: named where it was written
-                problems.append(where.name(named.group(1).lower()) + message[named.end():])
-            else:
-                problems.append(f"{where.name(field)}: {message}")
+            problems.append(where.said(message) if message.startswith("MCP_BROKER_")
+                            else f"{where.name(field)}: {message}")
     except SettingsError as exc:  # a value that is not the JSON its setting needs
         found = re.search(r'field "([a-z_]+)"', str(exc))
         name = "MCP_BROKER_" + found.group(1).upper() if found else "a setting"
@@ -226,6 +223,11 @@ class _Origin:
         if variable in os.environ or field not in self.in_file:
             return variable
         return f"{self.path}: {field}"
+
+    def said(self, message: str) -> str:
+        """A message that starts with the variable of its setting, starting with where it was written instead."""
+        named = re.match(r"MCP_BROKER_([A-Z0-9_]+)", message)
+        return self.name(named.group(1).lower()) + message[named.end():] if named else message
 
 
 def _provider_problems(settings: Settings) -> list[str]:

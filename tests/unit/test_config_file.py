@@ -87,3 +87,9 @@ def test_help_never_shows_a_default_of_none() -> None:
 def test_a_key_is_the_setting_name_as_written_in_the_code(config: Path) -> None:
     config.write_text('REDIS_URL = "redis://127.0.0.1:6379"\n')
     assert cli._settings_problems() == [f"{config}: REDIS_URL is not a setting; did you mean redis_url?"]
+
+
+def test_a_bad_quota_in_the_file_is_named_by_the_file(config: Path) -> None:
+    config.write_text("[quotas.default]\nsesions = 5\n")
+    [line] = cli._settings_problems()
+    assert line.startswith(f"{config}: quotas: "), line
