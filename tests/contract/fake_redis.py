@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fakeredis
+from fakeredis._helpers import SimpleError
 from fakeredis.aioredis import AsyncFakeSocket, FakeConnection, FakeReader, FakeWriter
 
 _STREAM_READS = {b"XREAD", b"XREADGROUP"}
@@ -22,11 +23,26 @@ class _Socket(AsyncFakeSocket):
     _stream_read = False
 
     def _lua_redis_call(self, lua_runtime: Any, expected_globals: Any, op: bytes, *args: Any) -> Any:
-        self._stream_read = bytes(op).upper() in _STREAM_READS
+        name = bytes(op).upper()
+        self._stream_read = name in _STREAM_READS
         try:
-            return super()._lua_redis_call(lua_runtime, expected_globals, op, *args)
+            result = super()._lua_redis_call(lua_runtime, expected_globals, op, *args)
         finally:
             self._stream_read = False
+        if name == b"XPENDING" and len(args) == 2 and not (result and len(result)):
+            # XPENDING's summary of a missing stream or group: Redis answers NOGROUP, fakeredis
+            # 2.32 an empty list.
+            key, group = (bytes(arg).decode() for arg in args)
+            raise SimpleError(f"NOGROUP No such key '{key}' or consumer group '{group}'")
+        return result
+
+    def _lua_redis_pcall(self, lua_runtime: Any, expected_globals: Any, op: bytes, *args: Any) -> Any:
+        # redis.pcall's error: Redis hands the script a table whose 'err' is a string; fakeredis
+        # a Python str, which its Lua runtime (no encoding) passes as userdata.
+        try:
+            return self._lua_redis_call(lua_runtime, expected_globals, op, *args)
+        except Exception as exc:
+            return lua_runtime.table_from({b"err": str(exc).encode()})
 
     def _convert_redis_result(self, lua_runtime: Any, result: Any) -> Any:
         # XREAD / XREADGROUP in a script: Redis answers {{stream, entries}, ...}; fakeredis a map,

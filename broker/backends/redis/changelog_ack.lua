@@ -36,7 +36,14 @@ for i = 3, #ARGV do
   consider(ARGV[i])
 end
 local keep = nil
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1])
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1])
+if pending.err then
+  -- NOGROUP: the store lost the partition since the entries were read (a restart without its
+  -- data, a FLUSHALL), so nothing of them is left to acknowledge, and nothing may be trimmed by
+  -- their ids; the next read makes the group again.
+  if not string.find(pending.err, 'NOGROUP', 1, true) then return pending end
+  return {redis.call('XLEN', KEYS[1]), 0}
+end
 if tonumber(pending[1]) > 0 then
   keep = pending[2]
 elseif top then
