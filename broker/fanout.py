@@ -92,6 +92,7 @@ class Fanout:
         self.settings = settings
         self.changelog = backend.changelog
         self.subscriptions = backend.subscriptions
+        self.sessions = backend.sessions
         self.deliver = backend.deliver
         self.name = name or f"fanout-{secrets.token_hex(4)}"
         self.processed = 0
@@ -106,7 +107,8 @@ class Fanout:
         #: Per partition reported, its lag gauges (entries, seconds).
         self._lag: dict[int, tuple[Gauge, Gauge]] = {}
 
-    async def process(self, batch: Sequence[tuple[str, Change]]) -> None:
+    async def process(self, batch: Sequence[tuple[str, Change]], read_under: str = "") -> None:
+        """Fan one batch out; ``read_under`` is the store's epoch before it was read (``Backend.deliver``)."""
         if not batch:
             return
         began = time.perf_counter()
@@ -130,7 +132,7 @@ class Fanout:
             frames.extend((sid, frame) for sid in await self.subscriptions.tenant_sessions(tenant))
             if len(frames) > before:
                 self._tenant_frames.inc(tenant, len(frames) - before)
-        gone = set(await self.deliver(frames, newest(batch), [change_id for change_id, _ in batch]))
+        gone = set(await self.deliver(frames, newest(batch), [change_id for change_id, _ in batch], read_under))
         if gone:
             # Sessions that expired without cleaning the index (a store that expires keys does
             # that). The batch is acknowledged already: should this fail, the next change of the
@@ -196,7 +198,7 @@ class Fanout:
             entries.set(figures[0])
             seconds.set(figures[1])
 
-    async def _process_to_the_end(self, batch: Sequence[tuple[str, Change]]) -> None:
+    async def _process_to_the_end(self, batch: Sequence[tuple[str, Change]], read_under: str) -> None:
         """``process``, which a shutdown (a cancellation) lets finish for ``fanout_stop_timeout``.
 
         A batch cut short after its append leaves its changes pending, and the next holder
@@ -207,7 +209,7 @@ class Fanout:
         """
         if not batch:
             return
-        work = asyncio.ensure_future(self.process(batch))
+        work = asyncio.ensure_future(self.process(batch, read_under))
         try:
             await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -243,8 +245,11 @@ class Fanout:
             try:
                 # A batch that failed stays pending, and the backend hands it out again before
                 # anything newer: a URI's frames keep their order.
+                # The batch stays in hand across a restart that empties the store: what it was read
+                # under tells the appends which sessions were made since (``Backend.deliver``).
+                read_under = self.sessions.epoch
                 batch = await self.changelog.read(self.name, settings.fanout_batch, READ_BLOCK_MS)
-                await self._process_to_the_end(batch)
+                await self._process_to_the_end(batch, read_under)
                 if outage is not None:
                     logger.info("fan-out resumed: the backend answers again, %.1fs after fan-out first found it "
                                 "unavailable", loop.time() - outage)

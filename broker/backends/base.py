@@ -385,13 +385,13 @@ class Backend(Protocol):
         """Raise ``BackendUnavailable`` when the store cannot be reached."""
 
     async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
-                      ids: Sequence[str]) -> list[str]:
-        """One fan-out batch's effects: ``inboxes.append(frames)``, ``broadcast.publish(changes)``
-        and ``changelog.ack(ids)``; returns the sessions that no longer exist (as ``append``).
-
-        A backend may merge the three into fewer round trips, but nothing is acknowledged
-        before its frames are appended and its changes broadcast: when this raises, the batch
-        is redone, and the appends and the broadcast skip what they already had.
+                      ids: Sequence[str], read_under: str = "") -> list[str]:
+        """One fan-out batch's effects: ``inboxes.append(frames)``, ``broadcast.publish(changes)`` and
+        ``changelog.ack(ids)``; returns the sessions that no longer exist (as ``append``). A backend may merge
+        the three into fewer round trips, but nothing is acknowledged before its frames are appended and its
+        changes broadcast: when this raises, the batch is redone, and the appends and the broadcast skip what
+        they already had. ``read_under``, ``sessions.epoch`` before the read, keeps a batch that outlived
+        the store's data out of the sessions made since (docs/BACKENDS.md, "A fan-out batch's effects").
         """
 
 

@@ -80,8 +80,9 @@ class MemoryBackend:
         return None
 
     async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
-                      ids: Sequence[str]) -> list[str]:
-        """The three steps one after the other: in one process they cost no round trip."""
+                      ids: Sequence[str], read_under: str = "") -> list[str]:
+        """The three steps one after the other: in one process they cost no round trip.
+        ``read_under`` is always the one epoch: this store never loses its data."""
         return await deliver_in_turn(self, frames, changes, ids)
 
 

@@ -52,7 +52,6 @@ from broker.backends.base import (
     SessionStore,
     SubscriptionIndex,
     Webhooks,
-    deliver_in_turn,
 )
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.broadcast import RedisBroadcast
@@ -156,21 +155,28 @@ class RedisBackend:
             await self._epoch.refresh()
 
     async def deliver(self, frames: Sequence[tuple[str, Frame]], changes: Sequence[tuple[str, Change]],
-                      ids: Sequence[str]) -> list[str]:
+                      ids: Sequence[str], read_under: str = "") -> list[str]:
         """Two round trips on a single node: the appends with the broadcast, then the wake-ups of
         other workers with the acknowledgement (each in order on the server; this process's own
         streams get their frames in memory, in between). The broadcast may go out before the
         appends ran: a redone batch broadcasts again, and every process hands a change on at most once.
 
         In a Cluster the three steps run one after the other: a batch there runs its calls
-        concurrently, so an acknowledgement sent along could overtake the appends. (On a single
-        node the stores used are the backend's own, whatever is set on ``self.inboxes``.)
+        concurrently, so an acknowledgement sent along could overtake the appends. (The stores
+        used are the backend's own, whatever is set on ``self.inboxes`` and the others.)
+
+        ``read_under`` goes with each session's append, in its own slot: ``inbox_append.lua``
+        compares it with the session's epoch and, for a session made after the data was lost,
+        the change's stream id with the session's ``born``.
         """
         if self.cluster:
-            return await deliver_in_turn(self, frames, changes, ids)
+            gone = await self._inboxes.append(frames, read_under=read_under) if frames else []
+            await self._broadcast.publish(changes)
+            await self._changelog.ack(ids)
+            return gone
         inboxes = self._inboxes
         with unavailable("fanout.deliver"):
-            appends = inboxes.appends(frames)
+            appends = inboxes.appends(frames, read_under)
             first = Batch(self.redis)
             if appends is not None:
                 appends.add_to(first)

@@ -1,6 +1,7 @@
 -- KEYS: meta, inbox, wake channel of session 1, then of session 2, ... (three per session).
 -- ARGV: publish command (SPUBLISH or PUBLISH) or '' (the caller publishes), maxlen, now_ms,
---       cutoff_ms, the most frame bytes a wake-up carries, then for each session its frame
+--       cutoff_ms, the most frame bytes a wake-up carries, the data generation the frames'
+--       changes were read from the log under ('' when unknown), then for each session its frame
 --       count followed by, per frame, its change's field and position and the packed frame. The
 --       field is 'c<partition>' and the position 40 digits (stream id ms and seq, each
 --       zero-padded to 20); both are '' for a frame no change is behind.
@@ -17,6 +18,11 @@
 -- Nothing is written for a session that is gone (its hash, which holds its epoch from
 -- creation on, is). A session met on another lineage takes a new epoch first (lineage.lua),
 -- and its wake-up carries no frames: its stream reads the inbox and finds the gap.
+-- A session of another data generation than the frames' was made after the store lost the data
+-- they were read from (a fan-out batch in hand across an empty restart or a FLUSHALL): a frame
+-- of a change published before the session began ('born', the server's clock at creation,
+-- against the millisecond part of the change's stream id) is skipped, as the feed already
+-- stands for it (a resync, a truncation); it would otherwise follow that in the inbox.
 -- Returns, per session, its new head (-1 when gone), the worker node that
 -- watches it ('' when none), the (1-based) numbers of the frames it skipped (0 when none, -1
 -- when the session took a new epoch: announce without frames) and
@@ -27,12 +33,27 @@
 -- on a single node fan-out sends many sessions per call. A session with one frame, as most
 -- are in a fan-out batch, takes a path of its own with no tables to weigh several.
 local results = {}
-local at = 6
+local at = 7
 local publish = ARGV[1]
 local maxlen = tonumber(ARGV[2])
 local now = ARGV[3]
 local cutoff = tonumber(ARGV[4])
 local wake_max = tonumber(ARGV[5])
+local generation = ARGV[6]
+
+-- When the session whose hash is KEYS[meta] (epoch `epoch`) began, in milliseconds, if it began
+-- under another data generation than the frames were read under (false otherwise: the usual
+-- case, one comparison). Its data generation is its epoch up to any 'r' (lineage.lua).
+local function born_since_read(meta, epoch)
+  if generation == '' or epoch == generation or string.match(epoch, '^[^r]*') == generation then return false end
+  return tonumber(redis.call('HGET', KEYS[meta], 'born')) or false
+end
+
+-- Whether the change at `position` (40 digits: its stream id's milliseconds and sequence, each
+-- padded to 20) was published before `born`.
+local function older(position, born)
+  return born and position ~= '' and tonumber(string.sub(position, 1, 20)) < born
+end
 
 -- Appends the frames `kept` after `head` to the inbox of the session whose keys end at KEYS[k],
 -- trims it by length and by age, adds the hash fields to set to `fields` and, with a publish
@@ -111,6 +132,7 @@ for s = 1, #KEYS / 3 do
   end
   local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch', 'rid')
   local fenced = got[5] and got[6] ~= LINEAGE and on_lineage(k - 2, got[5], got[6]) ~= got[5]
+  local born = got[5] and born_since_read(k - 2, got[5])
   local head = tonumber(got[1]) or 0
   local skipped = 0
   local trimmed = 0
@@ -118,7 +140,7 @@ for s = 1, #KEYS / 3 do
     head = -1
   elseif n == 1 then
     local position = ARGV[at + 2]
-    if first_field and position <= (got[3] or '') then
+    if first_field and (position <= (got[3] or '') or older(position, born)) then
       skipped = {1}
     else
       local fields = first_field and {first_field, position} or {}
@@ -144,7 +166,7 @@ for s = 1, #KEYS / 3 do
           before[field] = stored
           newest[field] = stored
         end
-        if position <= stored then
+        if position <= stored or older(position, born) then
           keep = false
         elseif position > newest[field] then
           newest[field] = position

@@ -63,6 +63,7 @@ from broker.backends.types import (
     StreamStart,
     Wake,
     WakeHandler,
+    generation,
     inbox_gap,
 )
 from broker.config import Settings
@@ -136,11 +137,11 @@ class RedisInboxes:
         self.cluster = cluster
         self._packer = AppendPacker(keys, scripts.inbox_append.sha)
 
-    async def append(self, batch: Sequence[tuple[str, Frame]]) -> list[str]:
+    async def append(self, batch: Sequence[tuple[str, Frame]], *, read_under: str = "") -> list[str]:
         """Append and announce: one round trip for the appends, then, on a single node, one for the
         wake-ups of other workers (fan-out merges the latter with its acknowledgement instead:
-        ``RedisBackend.deliver``)."""
-        appends = self.appends(batch)
+        ``RedisBackend.deliver``). ``read_under``: as ``appends``."""
+        appends = self.appends(batch, read_under)
         if appends is None:
             return []
         with unavailable("inboxes.append"):
@@ -153,10 +154,13 @@ class RedisInboxes:
                 await announce.execute()
         return gone
 
-    def appends(self, batch: Sequence[tuple[str, Frame]]) -> Appends | None:
+    def appends(self, batch: Sequence[tuple[str, Frame]], read_under: str = "") -> Appends | None:
         """The script calls that append ``batch`` (see ``inbox_append.lua``); None when it is empty.
 
         Per frame the script gets its change's field and position and the packed frame.
+        ``read_under``: the epoch the frames' changes were read from the change log under ('' when
+        unknown): a session made under another data generation does not get the frame of a change
+        published before it began (``Backend.deliver``).
         """
         frames: dict[str, list[Frame]] = {}
         packed: dict[int, tuple[str, str, bytes, bytes]] = {}
@@ -181,7 +185,7 @@ class RedisInboxes:
         # a script may only touch one slot, so each session is its own call, publishing itself.
         per_call = 1 if self.cluster else APPEND_SESSIONS_PER_CALL
         publish = self._bus.publish_command if self.cluster else ""
-        head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, self._frame_max]
+        head = [publish, self.settings.inbox_maxlen, now_ms, cutoff_ms, self._frame_max, generation(read_under)]
         sids = list(frames)
         slices = [sids[start : start + per_call] for start in range(0, len(sids), per_call)]
         commands = None

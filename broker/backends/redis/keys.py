@@ -12,7 +12,7 @@ key                            type        what
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
 ``P:{t:<tenant>}:q:<kind>``    zset        the tenant's open streams or listens, scored by lease expiry (quotas)
 ``P:{t:<tenant>}:q:rate``      hash        the tenant's publish token bucket (quotas)
-``P:{s:<sid>}:meta``           hash        the session record, inbox ``head`` and ``t0``, stream claim ``gen``
+``P:{s:<sid>}:meta``           hash        the session record, inbox ``head`` and ``t0``, stream claim ``gen``, ``born``
 ``P:{s:<sid>}:subs``           set         the session's subscribed URIs
 ``P:{s:<sid>}:inbox``          stream      the session's frames; entry id ``<offset>-0``
 ``P:{s:<sid>}:wake``           channel     wake-ups of the stream watching the session
