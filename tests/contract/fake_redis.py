@@ -12,7 +12,12 @@ from typing import Any
 
 import fakeredis
 from fakeredis._helpers import SimpleError
-from fakeredis.aioredis import AsyncFakeSocket, FakeConnection, FakeReader, FakeWriter
+from fakeredis.aioredis import AsyncFakeSocket
+
+try:  # fakeredis 2.41 (redis-py 8.2); before it, the class had this name, now a deprecated function's
+    from fakeredis.aioredis import FakeAsyncRedisConnection as _FakeConnection
+except ImportError:
+    from fakeredis.aioredis import FakeConnection as _FakeConnection
 
 _STREAM_READS = {b"XREAD", b"XREADGROUP"}
 
@@ -46,22 +51,24 @@ class _Socket(AsyncFakeSocket):
 
     def _convert_redis_result(self, lua_runtime: Any, result: Any) -> Any:
         # XREAD / XREADGROUP in a script: Redis answers {{stream, entries}, ...}; fakeredis a map,
-        # which it flattens into {stream, entries, ...}.
+        # which it flattens into {stream, entries, ...} (2.32), or that flat list itself (2.41).
         if self._stream_read:
             self._stream_read = False
             if isinstance(result, list) and len(result) == 1 and isinstance(result[0], dict):
                 result = result[0]
             if isinstance(result, dict):
                 result = [[stream, entries] for stream, entries in result.items()]
+            elif isinstance(result, list) and result and isinstance(result[0], bytes | str):
+                result = [[result[i], result[i + 1]] for i in range(0, len(result), 2)]
         return super()._convert_redis_result(lua_runtime, result)
 
 
-class _Connection(FakeConnection):
+class _Connection(_FakeConnection):
     async def _connect(self) -> None:
         await super()._connect()
-        self._sock = _Socket(self._server, self.db, client_class=self._client_class, lua_modules=self._lua_modules)
-        self._reader = FakeReader(self._sock)
-        self._writer = FakeWriter(self._sock)
+        # The server side fakeredis made (its arguments differ between versions), answering as
+        # Redis does: ``_Socket`` adds behaviour only, no state of its own.
+        self._sock.__class__ = _Socket
 
 
 class FakeRedis(fakeredis.FakeAsyncRedis):
