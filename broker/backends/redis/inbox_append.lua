@@ -41,11 +41,11 @@ local cutoff = tonumber(ARGV[4])
 local wake_max = tonumber(ARGV[5])
 local generation = ARGV[6]
 
--- When the session whose hash is KEYS[meta] (epoch `epoch`) began, in milliseconds, if it began
--- under another data generation than the frames were read under (false otherwise: the usual
--- case, one comparison). Its data generation is its epoch up to any 'r' (lineage.lua).
+-- When the session whose hash is KEYS[meta] (epoch `epoch`, not the frames' generation) began,
+-- in milliseconds, if it began under another data generation than the frames were read under;
+-- false otherwise. Its data generation is its epoch up to any 'r' (lineage.lua).
 local function born_since_read(meta, epoch)
-  if generation == '' or epoch == generation or string.match(epoch, '^[^r]*') == generation then return false end
+  if generation == '' or string.match(epoch, '^[^r]*') == generation then return false end
   return tonumber(redis.call('HGET', KEYS[meta], 'born')) or false
 end
 
@@ -132,7 +132,8 @@ for s = 1, #KEYS / 3 do
   end
   local got = redis.call('HMGET', KEYS[k - 2], 'head', 'node', first_field or 'head', 't0', 'epoch', 'rid')
   local fenced = got[5] and got[6] ~= LINEAGE and on_lineage(k - 2, got[5], got[6]) ~= got[5]
-  local born = got[5] and born_since_read(k - 2, got[5])
+  -- The usual case, a session of the frames' generation, costs one comparison and no call.
+  local born = got[5] ~= generation and got[5] and born_since_read(k - 2, got[5])
   local head = tonumber(got[1]) or 0
   local skipped = 0
   local trimmed = 0
@@ -140,7 +141,7 @@ for s = 1, #KEYS / 3 do
     head = -1
   elseif n == 1 then
     local position = ARGV[at + 2]
-    if first_field and (position <= (got[3] or '') or older(position, born)) then
+    if first_field and (position <= (got[3] or '') or born and older(position, born)) then
       skipped = {1}
     else
       local fields = first_field and {first_field, position} or {}
@@ -166,7 +167,7 @@ for s = 1, #KEYS / 3 do
           before[field] = stored
           newest[field] = stored
         end
-        if position <= stored or older(position, born) then
+        if position <= stored or born and older(position, born) then
           keep = false
         elseif position > newest[field] then
           newest[field] = position
