@@ -202,13 +202,13 @@ def _settings_problems() -> list[str]:
         name = "MCP_BROKER_" + found.group(1).upper() if found else "a setting"
         example = _JSON_EXAMPLES.get(name, "")
         problems.append(f"{name}: not valid JSON; write a JSON value of the setting's type{example} "
-                        "(see README, Configuration)")
+                        "(see docs/CONFIGURATION.md)")
     return problems
 
 
 def _did_you_mean(name: str, known: set[str]) -> str:
     close = [name.lower()] if name.lower() in known else difflib.get_close_matches(name, known, n=1)
-    return f"; did you mean {close[0]}?" if close else " (see README, Configuration)"
+    return f"; did you mean {close[0]}?" if close else " (see docs/CONFIGURATION.md)"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Durable mode (``MCP_BROKER_REDIS_DURABLE_REPLICAS``): a write acknowledged once replicas have it.
 
 Redis replicates asynchronously: a master acknowledges a write before any replica has it, and
-a failover to a replica loses what the replica had not received (the README's guarantees).
+a failover to a replica loses what the replica had not received (docs/GUARANTEES.md).
 In durable mode the scripts whose effects a client is told of (a published change, a record
 written or deleted, an API key created or revoked) are followed by ``WAIT <replicas>
 <timeout>`` on the same connection, in the same round trip; fewer replicas than asked within
