@@ -5,7 +5,7 @@
 
 ``notes://{id}`` is a template (``resources/templates/list``), ``notes://index`` a resource
 (``resources/list``). A client subscribed to ``notes://1`` is notified when the note is written.
-The same set runs under ``mcp-broker serve`` with ``MCP_BROKER_PROVIDERS='["examples.notes:provider"]'``.
+The same set runs under ``mcp-broker serve`` with ``MCP_BROKER_PROVIDERS='["examples.notes:resources"]'``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,6 @@ def note(id: str, tenant: str) -> str | None:
 async def index(tenant: str) -> dict[str, Any]:
     """The ids of the caller's notes."""
     return {"notes": sorted(NOTES.get(tenant, {}))}
-
-
-def provider() -> ResourceSet:
-    """For ``MCP_BROKER_PROVIDERS``: the same resources under ``mcp-broker serve``."""
-    return resources
 
 
 app = FastAPI()

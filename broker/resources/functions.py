@@ -54,7 +54,7 @@ from broker.auth import Principal
 from broker.changes import ChangeKind, InvalidChange
 from broker.errors import NotFound
 from broker.publisher import Publisher
-from broker.uris import check_uri
+from broker.uris import SCHEME, check_uri
 
 __all__ = ["ResourceSet"]
 
@@ -125,6 +125,8 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
         raise ValueError(f"resource {uri!r}: {exc}") from exc
     if "{" in _VARIABLE.sub("", uri) or "}" in _VARIABLE.sub("", uri):
         raise ValueError(f"resource {uri!r}: a variable is written {{name}}, letters, digits and _")
+    if uri.startswith(f"{SCHEME}:"):
+        raise ValueError(f"resource {uri!r}: {SCHEME}: URIs are the record collections'; choose a scheme of your own")
     if len(set(variables)) != len(variables):
         raise ValueError(f"resource {uri!r}: a variable appears twice")
     if taken := set(variables) & set(INJECTED):

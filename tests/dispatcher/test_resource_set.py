@@ -13,9 +13,11 @@ import pytest
 
 from broker.auth import Principal
 from broker.changes import InvalidChange
+from broker.config import Settings
 from broker.errors import NotFound
 from broker.resources import ResourceSet
 from broker.runtime import Broker
+from broker.sources.extensions import build
 from tests.dispatcher.conftest import MODERN, UPDATED, Client, is_ack, is_update
 
 Connect = Callable[..., Client]
@@ -177,6 +179,7 @@ async def test_publish_refuses_a_uri_the_set_does_not_declare_and_a_set_no_broke
     ("notes/{id}", lambda id: "", "not an absolute URI"),
     ("notes://{id}/{id}", lambda id: "", "appears twice"),
     ("notes://{bad-name}", lambda: "", "a variable is written {name}"),
+    ("mcpb://{tenant_name}/notes", lambda tenant_name: "", "record collections'"),
 ])
 def test_a_declaration_that_does_not_fit_its_function_is_refused_at_once(uri: str, function: Any,
                                                                          message: str) -> None:
@@ -189,3 +192,9 @@ def test_a_uri_is_declared_once() -> None:
     resources.resource("notes://{id}")(lambda id: "")
     with pytest.raises(ValueError, match="declared already"):
         resources.resource("notes://{id}")(lambda id: "")
+
+
+def test_a_set_named_in_the_providers_setting_is_that_set_itself() -> None:
+    from examples.notes import resources
+
+    assert build(Settings(providers=["examples.notes:resources"])).providers == [resources]

@@ -53,7 +53,7 @@ async def test_the_example_lists_reads_and_notifies_a_subscriber_of_a_note_it_wr
 
 
 async def test_the_same_resources_answer_under_mcp_broker_serve() -> None:
-    with BrokerProcess(env={"MCP_BROKER_PROVIDERS": '["examples.notes:provider"]'}) as broker:
+    with BrokerProcess(env={"MCP_BROKER_PROVIDERS": '["examples.notes:resources"]'}) as broker:
         async with Client(broker.mcp_url, mode="legacy") as client:
             read = await client.read_resource("notes://1", cache_mode="bypass")
             assert read.contents[0].text == "Welcome to your notes."  # type: ignore[union-attr]
