@@ -198,3 +198,17 @@ def test_a_set_named_in_the_providers_setting_is_that_set_itself() -> None:
     from examples.notes import resources
 
     assert build(Settings(providers=["examples.notes:resources"])).providers == [resources]
+
+
+def test_mount_broker_registers_the_sets_it_is_given_the_first_answering_first() -> None:
+    from fastapi import FastAPI
+
+    from broker.mount import mount_broker
+
+    first, second = ResourceSet(), ResourceSet()
+    first.resource("x://shared")(lambda: "first")
+    second.resource("x://shared")(lambda: "second")
+    second.resource("x://other")(lambda: "other")
+    settings = Settings(_env_file=None, metrics=False)  # type: ignore[call-arg]
+    broker = mount_broker(FastAPI(), resources=[first, second], settings=settings).broker
+    assert broker.resources.owner("x://shared") is first and broker.resources.owner("x://other") is second
