@@ -63,7 +63,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The parameters a read function may declare to learn who asks, filled by the broker.
 INJECTED = ("principal", "tenant")
-_VARIABLE = re.compile(r"\{(\w+)\}")
+_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Long enough for any URI a declaration may hold: the client's URI is bounded when it is read.
 _DECLARED_MAX = 1 << 16
 
@@ -124,7 +124,8 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
     except ValueError as exc:
         raise ValueError(f"resource {uri!r}: {exc}") from exc
     if "{" in _VARIABLE.sub("", uri) or "}" in _VARIABLE.sub("", uri):
-        raise ValueError(f"resource {uri!r}: a variable is written {{name}}, letters, digits and _")
+        raise ValueError(f"resource {uri!r}: a variable is written {{name}}: ASCII letters, digits and _, "
+                         "not a digit first")
     if uri.startswith(f"{SCHEME}:"):
         raise ValueError(f"resource {uri!r}: {SCHEME}: URIs are the record collections'; choose a scheme of your own")
     if len(set(variables)) != len(variables):

@@ -179,6 +179,7 @@ async def test_publish_refuses_a_uri_the_set_does_not_declare_and_a_set_no_broke
     ("notes/{id}", lambda id: "", "not an absolute URI"),
     ("notes://{id}/{id}", lambda id: "", "appears twice"),
     ("notes://{bad-name}", lambda: "", "a variable is written {name}"),
+    ("notes://{1}", lambda: "", "a variable is written {name}"),
     ("mcpb://{tenant_name}/notes", lambda tenant_name: "", "record collections'"),
 ])
 def test_a_declaration_that_does_not_fit_its_function_is_refused_at_once(uri: str, function: Any,
