@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -37,6 +37,7 @@ from starlette.applications import Starlette
 
 from broker.config import Settings
 from broker.ops import logs
+from broker.resources.base import ResourceProvider
 from broker.runtime import Broker
 from broker.runtime.app import BrokerApp, create_app
 from broker.runtime.server import BrokerServer
@@ -52,16 +53,24 @@ EXIT_POLL = 0.1
 
 
 def mount_broker(app: Starlette, path: str = "/broker", *, settings: Settings | None = None,
-                 broker: Broker | None = None) -> BrokerApp:
+                 broker: Broker | None = None,
+                 resources: ResourceProvider | Sequence[ResourceProvider] = ()) -> BrokerApp:
     """Serve a broker (``broker``, or a new one from ``settings``) under ``path`` of ``app``, started
     and stopped with ``app``'s lifespan. Returns the mounted app; its broker is ``.broker``
     (``register``, ``extend``, ``publish``).
+
+    ``resources``: a ``ResourceSet`` (``broker.resources``), or any provider, or a list of them,
+    registered with the broker (``broker.register``): they answer before the record collections,
+    the first given first.
 
     ``/mcp``, ``/changes``, ``/collections/...`` and the probes answer under ``path``
     (``/broker/mcp``). Give the host its own lifespan before this call (``FastAPI(lifespan=...)``):
     this call wraps ``app.router.lifespan_context`` as it is then.
     """
     mounted = create_app(settings, broker)
+    providers = list(resources) if isinstance(resources, Sequence) else [resources]
+    for provider in reversed(providers):  # each registered answers first: the first given ends up first
+        mounted.broker.register(provider)
     app.mount(path.rstrip("/"), mounted)
     host_lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] = app.router.lifespan_context
 

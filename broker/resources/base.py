@@ -10,14 +10,17 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import orjson
 
 from broker.auth import Principal
 from broker.errors import NotFound
 
-__all__ = ["BadCursor", "ClosingProvider", "ResourceProvider", "Resources"]
+if TYPE_CHECKING:
+    from broker.publisher import Publisher
+
+__all__ = ["BadCursor", "ClosingProvider", "PublishingProvider", "ResourceProvider", "Resources"]
 
 Json = dict[str, Any]
 
@@ -49,6 +52,14 @@ class ClosingProvider(Protocol):
     """A provider that holds connections (a database pool): the broker closes it as it stops."""
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PublishingProvider(Protocol):
+    """A provider that publishes its own changes (``broker.resources.functions.ResourceSet``): the broker
+    hands it its ``Publisher`` when it is registered, so its changes pass the same rules as every other."""
+
+    def bind_publisher(self, publisher: Publisher) -> None: ...
 
 
 def _encode_cursor(index: int, state: str) -> str:

@@ -40,7 +40,7 @@ from broker.ops.health import Health
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
-from broker.resources.base import ClosingProvider, ResourceProvider, Resources
+from broker.resources.base import ClosingProvider, PublishingProvider, ResourceProvider, Resources
 from broker.resources.records import Records, RecordsProvider
 from broker.runtime.tasks import stop_tasks
 from broker.sources import ChangeSource, Extension, SourceRunner
@@ -194,6 +194,8 @@ class Broker:
 
     def register(self, provider: ResourceProvider) -> None:
         """Add a custom resource provider; it answers before the built-in record collections."""
+        if isinstance(provider, PublishingProvider):  # a ResourceSet publishes through this broker
+            provider.bind_publisher(self.publisher)
         self.resources.register(provider)
 
     def add_source(self, source: ChangeSource) -> None:

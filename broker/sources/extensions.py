@@ -25,7 +25,8 @@ is done.
 
 ``MCP_BROKER_PROVIDERS`` (a JSON list of ``package.module:factory``) does the same without code
 in the broker: each factory is called (with the ``Settings`` when it takes an argument) and may
-return a provider, a live provider, a change source, an ``Extension``, or a list of those. A
+return a provider, a live provider, a change source, an ``Extension``, or a list of those. A name
+that is a provider object itself (a module's ``ResourceSet``) is used as it is. A
 module that cannot be imported, or a name it lacks, stops ``mcp-broker`` at start with one line
 naming the setting (checked at start by ``load_provider_factory``).
 """
@@ -145,6 +146,11 @@ def is_provider(obj: object) -> bool:
     return all(callable(getattr(obj, m, None)) for m in ("owns", "can_watch", "list_page", "read", "templates"))
 
 
+def is_instance_provider(obj: object) -> bool:
+    """A provider object itself, to be used as it is; a provider class is a factory, called."""
+    return is_provider(obj) and not isinstance(obj, type)
+
+
 def is_source(obj: object) -> bool:
     return callable(getattr(obj, "run", None)) and isinstance(getattr(obj, "name", None), str) \
         and hasattr(obj, "exclusive")
@@ -183,7 +189,8 @@ def as_extension(obj: object, origin: str = "") -> Extension:
 
 
 def load_provider_factory(spec: str) -> Callable[..., Any]:
-    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported.
+    """The callable an ``MCP_BROKER_PROVIDERS`` entry (``package.module:name``) names, imported; or the
+    provider it names (a ``ResourceSet`` of the module), which is used as it is.
 
     Raises ValueError, one line naming the setting, when ``spec`` is not of that form, its module
     cannot be imported, or it has no such callable. The working directory is importable, as it
@@ -204,8 +211,9 @@ def load_provider_factory(spec: str) -> Callable[..., Any]:
         if not hasattr(target, part):
             raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r}: {module_name} has no {attribute!r}")
         target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory")
+    if not callable(target) and not is_instance_provider(target):
+        raise ValueError(f"MCP_BROKER_PROVIDERS: {spec!r} is a {type(target).__name__}, not a callable factory "
+                         "nor a provider")
     return target  # type: ignore[no-any-return]
 
 
@@ -240,7 +248,7 @@ def build(settings: Settings) -> Extension:
     for spec in settings.providers:
         factory = load_factory(spec)
         try:
-            made = _call(factory, settings)
+            made = factory if is_instance_provider(factory) else _call(factory, settings)
         except Exception as exc:  # the factory's own failure, named by the setting
             raise ExtensionError(f"{SETTING}: {spec!r} failed: {type(exc).__name__}: {exc}") from exc
         part = as_extension(made, repr(spec))
