@@ -254,7 +254,7 @@ def _make(settings: Settings, *, pubsub: bool) -> tuple[Client, bool]:
         db = int(path[1]) if len(path) > 1 else 0
         sentinel_kwargs = {"socket_timeout": settings.redis_socket_timeout,
                            "socket_connect_timeout": settings.redis_connect_timeout}
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis-py 8.2
             _hosts(parts.netloc, 26379), sentinel_kwargs=sentinel_kwargs, **common)
         client = sentinel.master_for(path[0], redis_class=Redis, connection_pool_class=SentinelMasterPool, db=db,
                                      ssl=scheme.startswith("rediss"), **creds)
