@@ -1,0 +1,189 @@
+"""The live console in-process: who may read its figures, what they count, and that they stay cheap and bounded.
+
+A broker on the memory backend, its app over ``httpx.ASGITransport``: the figures of
+``/console/state.json`` follow the sessions a client opens; with authentication off they are
+answered to loopback names only, with it on to a credential holding ``console:read`` only; a
+state is computed at most once a second however often it is asked for; the workers of one host
+meet through their cards; the tenants shown are bounded. The page in a real browser, and
+``mcp-broker status`` against ``/metrics``, are in ``tests/integration/test_console_live.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from broker.config import Settings
+from broker.ops.console import FIGURES, TOP_TENANTS, Console
+from broker.quotas import Lease
+from broker.runtime import Broker
+from broker.runtime.app import create_app
+
+STATIC_KEY = "console-test-key"
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+@pytest.fixture
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
+    extra: dict[str, Any] = getattr(request, "param", {})
+    running = Broker(Settings(_env_file=None, **extra))  # type: ignore[call-arg]
+    await running.start()
+    yield running
+    await running.stop()
+
+
+def client(broker: Broker, host: str = "127.0.0.1:8080", **headers: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(broker=broker)),
+                             base_url=f"http://{host}", headers=headers)
+
+
+async def figures(http: httpx.AsyncClient) -> dict[str, Any]:
+    answer = await http.get("/console/state.json")
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()["figures"]
+    return found
+
+
+async def test_the_figures_count_the_sessions_a_client_opens(broker: Broker) -> None:
+    async with client(broker) as http:
+        before = await figures(http)
+        assert set(before) == set(FIGURES)
+        assert before["workers"] == 1 and before["partitions"] == 1 and before["streams"] == 0
+        for _ in range(3):
+            answer = await http.post("/mcp", json=INIT, headers=MCP_HEADERS)
+            assert answer.status_code == 200
+        broker.console._state = None  # the next request computes anew, as it would a second later
+        assert (await figures(http))["sessions"] == before["sessions"] + 3
+
+
+async def test_the_page_and_its_files_are_served_with_every_live_figure_named() -> None:
+    page = resources.files("broker.ops.console").joinpath("index.html").read_text()
+    for name in ("sessions", "streams", "listens", "changes_per_second", "partitions"):
+        assert f'data-metric="{name}"' in page
+    running = Broker(Settings(_env_file=None))  # type: ignore[call-arg]
+    await running.start()
+    try:
+        async with client(running) as http:
+            answer = await http.get("/console/")
+            assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/html")
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+            assert (await http.get("/console/console.js")).headers["content-type"].startswith("text/javascript")
+            assert (await http.get("/console/console.css")).status_code == 200
+            moved = await http.get("/console")
+            assert moved.status_code == 308 and moved.headers["location"] == "console/"
+            assert (await http.post("/console/state.json")).status_code == 405
+    finally:
+        await running.stop()
+
+
+@pytest.mark.parametrize("broker", [{"allowed_hosts": ["*"]}], indirect=True)
+@pytest.mark.parametrize("host", ["broker.example", "10.0.0.5:8080", "localhost.example"])
+async def test_with_authentication_off_only_loopback_names_are_answered(broker: Broker, host: str) -> None:
+    async with client(broker, host) as http:
+        for path in ("/console/state.json", "/console/"):
+            refused = await http.get(path)
+            assert refused.status_code == 403
+            assert "loopback" in refused.json()["detail"]
+    for loopback in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
+        async with client(broker, loopback) as http:
+            assert (await http.get("/console/state.json")).status_code == 200
+
+
+@pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice"}, "allowed_hosts": ["*"]}], indirect=True)
+async def test_with_authentication_on_the_figures_need_the_console_scope(broker: Broker) -> None:
+    assert broker.keys is not None
+    plain = await broker.keys.create("acme", "bob")  # the data scopes only, as every key by default
+    operator = await broker.keys.create("acme", "ops", ["console:read"])
+    async with client(broker, "broker.example") as http:
+        # The page holds no figure: served to a browser, which cannot send a token when it opens it.
+        assert (await http.get("/console/")).status_code == 200
+        assert (await http.get("/console/state.json")).status_code == 401
+        refused = await http.get("/console/state.json", headers={"Authorization": f"Bearer {plain.key}"})
+        assert refused.status_code == 403
+        assert 'scope="console:read"' in refused.headers["www-authenticate"]
+        for key in (operator.key, STATIC_KEY):  # a static key is the operator's: it holds the scope
+            answer = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
+            assert answer.status_code == 200 and set(answer.json()["figures"]) == set(FIGURES)
+
+
+class CountingSessions:
+    """A session store that counts how often it is counted."""
+
+    def __init__(self) -> None:
+        self.counted = 0
+
+    async def count(self) -> int:
+        self.counted += 1
+        return 7
+
+
+class NoWebhooks:
+    async def page(self, after: str, limit: int) -> list[Any]:
+        return []
+
+    async def dead_letters(self, limit: int) -> list[Any]:
+        return []
+
+
+def console(broker: Broker, clock: list[float], cards_dir: Path | None = None,
+            sessions: CountingSessions | None = None) -> Console:
+    return Console(streams=broker.streams, quotas=broker.quotas, publisher=broker.publisher,
+                   changelog=broker.backend.changelog, sessions=sessions or CountingSessions(),  # type: ignore[arg-type]
+                   webhooks=NoWebhooks(), runners=[], consumer=lambda: None,  # type: ignore[arg-type]
+                   cards_dir=None if cards_dir is None else str(cards_dir), clock=lambda: clock[0])
+
+
+async def test_a_state_is_computed_at_most_once_a_second_however_often_it_is_asked_for(broker: Broker) -> None:
+    clock = [1000.0]
+    sessions = CountingSessions()
+    watched = console(broker, clock, sessions=sessions)
+    first = await watched.state()
+    for _ in range(50):
+        assert await watched.state() is first
+    clock[0] += 0.999
+    assert await watched.state() is first and sessions.counted == 1
+    clock[0] += 0.001
+    assert await watched.state() is not first and sessions.counted == 2
+
+
+async def test_the_workers_of_a_host_meet_through_their_cards_and_a_silent_one_drops_out(
+        broker: Broker, tmp_path: Path) -> None:
+    clock = [1000.0]
+    mine = console(broker, clock, tmp_path)
+    other = console(broker, clock, tmp_path)
+    other._write(await other.card())  # the other worker's last card
+    assert (await mine.state())["figures"]["workers"] == 2
+    clock[0] += 10  # the other worker was killed: its card is no longer renewed
+    mine._state = None
+    assert (await mine.state())["figures"]["workers"] == 1
+    other.close()
+    assert [path.name for path in tmp_path.iterdir()] == []  # only the other wrote a card; it took it away
+
+
+async def test_the_tenants_shown_are_the_busiest_and_bounded(broker: Broker) -> None:
+    for n in range(TOP_TENANTS * 3):
+        for i in range(n % 5 + 1):
+            broker.quotas.held[Lease(f"t{n:03d}", "streams", f"h{i}")] = 1
+    state = await console(broker, [1000.0]).state()
+    tenants = state["tenants"]
+    assert len(tenants) == TOP_TENANTS
+    # The busiest first: the twelve tenants with five streams, then eight of those with four.
+    assert [row["streams"][0] for row in tenants] == [5] * 12 + [4] * 8
+    assert len(orjson.dumps(state)) < 16_384
+    broker.quotas.held.clear()
+
+
+def test_the_cards_directory_is_the_metrics_directory_of_the_workers(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    assert Broker(Settings(_env_file=None)).console._card_path.parent == tmp_path  # type: ignore[call-arg,union-attr]
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
