@@ -20,8 +20,9 @@ import httpx
 import orjson
 import pytest
 
+from broker.backends.types import DeadLetter, WebhookRecord
 from broker.config import Settings
-from broker.ops.console import FIGURES, TOP_TENANTS, Console
+from broker.ops.console import FAILING_SHOWN, FIGURES, TOP_TENANTS, WEBHOOK_SCAN, WEBHOOK_SECONDS, Console
 from broker.quotas import Lease
 from broker.runtime import Broker
 from broker.runtime.app import create_app
@@ -127,18 +128,33 @@ class CountingSessions:
 
 
 class NoWebhooks:
-    async def page(self, after: str, limit: int) -> list[Any]:
-        return []
+    """A webhook store holding ``records`` and ``letters``, counting how often it is scanned."""
 
-    async def dead_letters(self, limit: int) -> list[Any]:
-        return []
+    def __init__(self, records: list[WebhookRecord] | None = None, letters: list[DeadLetter] | None = None) -> None:
+        self.records = records or []
+        self.letters = letters or []
+        self.scans = 0
+
+    async def page(self, after: str, limit: int) -> list[WebhookRecord]:
+        self.scans += 1
+        return self.records[:limit]
+
+    async def dead_letters(self, limit: int) -> list[DeadLetter]:
+        return self.letters[:limit]
+
+
+def webhook(n: int, failing: bool) -> WebhookRecord:
+    return WebhookRecord(id=f"w{n:04d}", tenant=f"t{n % 3}", principal="p", name="resource_changed", arguments={},
+                         url="https://hooks.example/x", secret="s", session="s", epoch="e", offset=0,
+                         expires_at=2e9, created_at=1e9, last_error="http_5xx" if failing else None,
+                         failed_since=1e9 + n if failing else None)
 
 
 def console(broker: Broker, clock: list[float], cards_dir: Path | None = None,
-            sessions: CountingSessions | None = None) -> Console:
+            sessions: CountingSessions | None = None, webhooks: NoWebhooks | None = None) -> Console:
     return Console(streams=broker.streams, quotas=broker.quotas, publisher=broker.publisher,
                    changelog=broker.backend.changelog, sessions=sessions or CountingSessions(),  # type: ignore[arg-type]
-                   webhooks=NoWebhooks(), runners=[], consumer=lambda: None,  # type: ignore[arg-type]
+                   webhooks=webhooks or NoWebhooks(), runners=[], consumer=lambda: None,  # type: ignore[arg-type]
                    cards_dir=None if cards_dir is None else str(cards_dir), clock=lambda: clock[0])
 
 
@@ -180,6 +196,28 @@ async def test_the_tenants_shown_are_the_busiest_and_bounded(broker: Broker) -> 
     assert [row["streams"][0] for row in tenants] == [5] * 12 + [4] * 8
     assert len(orjson.dumps(state)) < 16_384
     broker.quotas.held.clear()
+
+
+async def test_failing_webhooks_and_dead_letters_are_shown_bounded_and_scanned_every_few_seconds(
+        broker: Broker) -> None:
+    records = [webhook(n, failing=n % 2 == 0) for n in range(WEBHOOK_SCAN + 10)]
+    letters = [DeadLetter("w0000", "t0", "https://hooks.example/x", f"e{n}", "{}", 5, "timeout", 1e9 + n)
+               for n in range(30)]
+    store = NoWebhooks(records, letters)
+    clock = [1000.0]
+    watched = console(broker, clock, webhooks=store)
+    state = await watched.state()
+    assert state["figures"]["webhooks"] == WEBHOOK_SCAN and not state["webhooks"]["complete"]
+    assert state["figures"]["webhooks_failing"] == WEBHOOK_SCAN // 2 and state["figures"]["dead_letters"] == 30
+    assert [f["id"] for f in state["webhooks"]["failing"]][:2] == ["w0000", "w0002"]  # failing longest first
+    assert len(state["webhooks"]["failing"]) == FAILING_SHOWN and len(state["webhooks"]["dead_letters"]) == 5
+    assert "https://hooks.example/x" not in orjson.dumps(state).decode()  # an endpoint's URL may hold a secret
+    clock[0] += 1
+    await watched.state()
+    assert store.scans == 1  # the scan is reused for WEBHOOK_SECONDS
+    clock[0] += WEBHOOK_SECONDS
+    await watched.state()
+    assert store.scans == 2
 
 
 def test_the_cards_directory_is_the_metrics_directory_of_the_workers(monkeypatch: pytest.MonkeyPatch,

@@ -13,9 +13,10 @@ Two kinds of figure, and the page says which is which:
   pods) are not seen from here: each host's console shows its own workers.
 
 Cheap by construction: a state is computed at most once per ``CACHE_SECONDS`` per worker however
-many pages poll it (concurrent requests share one computation), it costs a few backend reads
-(one count, one lag, a bounded scan of webhooks and dead letters), nothing is counted per frame
-or per request, and every list in it is bounded (``TOP_TENANTS``, ``WEBHOOK_SCAN``, ...).
+many pages poll it (concurrent requests share one computation), it costs a few backend reads (one
+count, one lag, and every ``WEBHOOK_SECONDS`` a bounded scan of webhooks and dead letters),
+nothing is counted per frame or per request, and every list in it is bounded (``TOP_TENANTS``,
+``WEBHOOK_SCAN``, ...).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ TOP_TENANTS: Final = 20
 #: Webhook subscriptions read per state at most (in id order), and failing ones listed.
 WEBHOOK_SCAN: Final = 1000
 FAILING_SHOWN: Final = 20
+#: Seconds a scan of the webhooks and dead letters is shown again before the next (a page of records each).
+WEBHOOK_SECONDS: Final = 5.0
 #: Dead letters counted per state at most (the store keeps a bounded list), and the newest shown.
 DEAD_LETTER_SCAN: Final = 100
 DEAD_LETTERS_SHOWN: Final = 5
@@ -89,6 +92,8 @@ class Console:
         self._accepted: deque[tuple[float, int]] = deque(maxlen=64)
         self._state: dict[str, Any] | None = None
         self._state_at = float("-inf")
+        self._webhooks: dict[str, Any] | None = None
+        self._webhooks_at = float("-inf")
         self._lock = asyncio.Lock()
 
     # -- this worker -------------------------------------------------------------------------------
@@ -212,15 +217,23 @@ class Console:
         """The figures asked of the backend; ``unavailable`` when it does not answer."""
         try:
             sessions = await self.sessions.count()
-            records = await self.webhooks.page("", WEBHOOK_SCAN + 1)
-            letters = await self.webhooks.dead_letters(DEAD_LETTER_SCAN)
+            now = self.clock()
+            if self._webhooks is None or now - self._webhooks_at >= WEBHOOK_SECONDS:
+                self._webhooks = await self._scan_webhooks()
+                self._webhooks_at = now
         except BackendUnavailable:
             return {"unavailable": True}
+        return {"sessions": sessions, **self._webhooks}
+
+    async def _scan_webhooks(self) -> dict[str, Any]:
+        """The webhook subscriptions (the first ``WEBHOOK_SCAN``), the failing ones and the dead letters."""
+        records = await self.webhooks.page("", WEBHOOK_SCAN + 1)
+        letters = await self.webhooks.dead_letters(DEAD_LETTER_SCAN)
         complete = len(records) <= WEBHOOK_SCAN
         records = records[:WEBHOOK_SCAN]
         failing = [record for record in records if record.failed_since is not None]
         return {
-            "sessions": sessions, "webhooks": len(records), "webhooks_failing": len(failing),
+            "webhooks": len(records), "webhooks_failing": len(failing),
             "dead_letters": len(letters), "scanned": len(records), "complete": complete,
             "per_tenant": Counter(record.tenant for record in records),
             "failing": [{"id": r.id, "tenant": r.tenant, "error": r.last_error, "failing_since": r.failed_since}
