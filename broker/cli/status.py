@@ -33,7 +33,7 @@ def add_status_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None
                              formatter_class=formatter)
     command.add_argument("--url", default=os.environ.get("MCP_BROKER_URL", "http://127.0.0.1:8080"),
                          help="the server (env MCP_BROKER_URL)")
-    command.add_argument("--key", default=None,
+    command.add_argument("--key", default=argparse.SUPPRESS,
                          help="a credential with the scope console:read, when authentication is on "
                          "(env MCP_BROKER_KEY)")
     command.add_argument("--json", action="store_true", help="print the state document as JSON")
@@ -43,12 +43,18 @@ def add_status_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None
 def run(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
+    from urllib.parse import urlsplit
 
-    key = args.key or os.environ.get("MCP_BROKER_KEY")
+    parts = urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        print(f"mcp-broker status: --url {args.url!r} is not an http(s) address, e.g. http://127.0.0.1:8080",
+              file=sys.stderr)
+        return 2
+    key = getattr(args, "key", None) or os.environ.get("MCP_BROKER_KEY")
     url = args.url.rstrip("/") + "/console/state.json"
-    request = urllib.request.Request(url, headers={"accept": "application/json",
-                                                   **({"authorization": f"Bearer {key}"} if key else {})})
     try:
+        request = urllib.request.Request(url, headers={"accept": "application/json",
+                                                       **({"authorization": f"Bearer {key}"} if key else {})})
         with urllib.request.urlopen(request, timeout=10) as answer:
             state = json.loads(answer.read())
     except urllib.error.HTTPError as exc:
@@ -59,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         hint = " (give --key, a credential with the scope console:read)" if exc.code == 401 else ""
         print(f"mcp-broker status: {exc.code} {detail}{hint}".rstrip(), file=sys.stderr)
         return 2 if exc.code in (401, 403, 404, 421) else 75
-    except ValueError as exc:  # a URL urllib cannot use
-        print(f"mcp-broker status: {exc}", file=sys.stderr)
+    except ValueError as exc:  # an answer that is not the console's JSON: not a broker, or a proxy's page
+        print(f"mcp-broker status: {args.url} did not answer with the console's figures: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"mcp-broker status: {args.url} could not be reached: {exc}", file=sys.stderr)

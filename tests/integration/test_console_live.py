@@ -167,3 +167,5 @@ def test_status_says_why_it_is_refused(broker: BrokerProcess) -> None:
     assert anonymous.returncode == 2 and "401" in anonymous.stderr and "--key" in anonymous.stderr
     nobody = status("http://127.0.0.1:9", "--json")  # the discard port: nothing listens
     assert nobody.returncode == 75 and "could not be reached" in nobody.stderr
+    bad = status("127.0.0.1:8080")  # no scheme
+    assert bad.returncode == 2 and "--url" in bad.stderr and "Traceback" not in bad.stderr
