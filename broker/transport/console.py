@@ -8,12 +8,17 @@ the figures (``broker.ops.console.Console.state``):
 * with authentication on, only to a caller holding ``console:read`` (401 without credentials at
   the edge, 403 with ``insufficient_scope`` without the scope);
 * with authentication off, only to requests whose ``Host`` is a loopback name (``localhost``,
-  ``127.0.0.1``, ``[::1]``), whatever ``MCP_BROKER_ALLOWED_HOSTS`` says: every caller is then
-  anonymous, and the figures name every tenant. The page and its files follow the same rule.
+  ``127.0.0.1``, ``[::1]``), whatever ``MCP_BROKER_ALLOWED_HOSTS`` says, sent from a loopback
+  address and not relayed by a proxy (no ``Forwarded`` or ``X-Forwarded-For``): every caller is
+  then anonymous, and the figures name every tenant. The ``Host`` alone would keep out a page on
+  a rebound name, not a client on another machine, which can send any ``Host``; a proxy on this
+  machine connects from loopback, but says whom it relays. The page and its files follow the
+  same rule.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from importlib import resources
 from typing import Final
@@ -39,19 +44,37 @@ _PAGE_HEADERS: Final = [(b"content-security-policy",
                          b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                          b"img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
                         (b"referrer-policy", b"no-referrer")]
-_OFF_LOOPBACK: Final = ("the console answers loopback names only (localhost, 127.0.0.1, [::1]) while "
-                        "authentication is off: open it there, or turn authentication on (docs/CONSOLE.md)")
+_OFF_LOOPBACK: Final = ("the console answers this machine only (a loopback Host: localhost, 127.0.0.1, [::1], "
+                        "from a loopback address, not through a proxy) while authentication is off: open it there, "
+                        "or turn authentication on (docs/CONSOLE.md)")
 
 
 _LOOPBACK_POLICY: Final = HostPolicy(LOOPBACK_HOSTS, "127.0.0.1")
 
 
 def loopback(scope: Scope) -> bool:
-    """Whether the request's ``Host`` names this machine's loopback (a request without one does not)."""
+    """Whether the request is this machine's own: its ``Host`` a loopback name (a request without one is
+    not), its peer a loopback address, and no proxy's forwarding header in it."""
+    client = scope.get("client")
+    if not client or not _loopback_address(client[0]):
+        return False
+    host = None
     for key, value in scope["headers"]:
+        if key in _FORWARDED:
+            return False
         if key == b"host":
-            return _LOOPBACK_POLICY.allows(value.decode("latin-1"))
-    return False
+            host = value.decode("latin-1")
+    return host is not None and _LOOPBACK_POLICY.allows(host)
+
+
+_FORWARDED: Final = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
+
+
+def _loopback_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 class ConsolePage:

@@ -42,8 +42,9 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     await running.stop()
 
 
-def client(broker: Broker, host: str = "127.0.0.1:8080", **headers: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(broker=broker)),
+def client(broker: Broker, host: str = "127.0.0.1:8080", peer: str = "127.0.0.1", **headers: str) -> httpx.AsyncClient:
+    """A client of ``broker``'s app naming ``host``, from the address ``peer``."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(broker=broker), client=(peer, 50000)),
                              base_url=f"http://{host}", headers=headers)
 
 
@@ -99,12 +100,24 @@ async def test_with_authentication_off_only_loopback_names_are_answered(broker: 
             assert (await http.get("/console/state.json")).status_code == 200
 
 
+@pytest.mark.parametrize("broker", [{"allowed_hosts": ["*"], "host": "0.0.0.0"}], indirect=True)
+async def test_with_authentication_off_a_loopback_name_from_elsewhere_is_refused(broker: Broker) -> None:
+    # Any client can send "Host: localhost": from another machine, or relayed by a proxy on this one.
+    async with client(broker, "localhost:8080", peer="192.0.2.7") as http:
+        assert (await http.get("/console/state.json")).status_code == 403
+    for forwarded in ({"X-Forwarded-For": "192.0.2.7"}, {"Forwarded": "for=192.0.2.7"}):
+        async with client(broker, "localhost:8080", **forwarded) as http:
+            assert (await http.get("/console/state.json")).status_code == 403
+    async with client(broker, "localhost:8080", peer="::1") as http:
+        assert (await http.get("/console/state.json")).status_code == 200
+
+
 @pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice"}, "allowed_hosts": ["*"]}], indirect=True)
 async def test_with_authentication_on_the_figures_need_the_console_scope(broker: Broker) -> None:
     assert broker.keys is not None
     plain = await broker.keys.create("acme", "bob")  # the data scopes only, as every key by default
     operator = await broker.keys.create("acme", "ops", ["console:read"])
-    async with client(broker, "broker.example") as http:
+    async with client(broker, "broker.example", peer="192.0.2.7") as http:
         # The page holds no figure: served to a browser, which cannot send a token when it opens it.
         assert (await http.get("/console/")).status_code == 200
         assert (await http.get("/console/state.json")).status_code == 401
