@@ -2,7 +2,7 @@
 
 The same figures as the page (``broker.ops.console``): the deployment's sessions, partitions and
 webhooks, the answering host's workers, streams, listens and changes per second, then the
-partitions held, the change sources and the tenants against their quotas. ``--json`` prints the
+partitions with their holders and lag, the change sources and the tenants against their quotas. ``--json`` prints the
 state document as the server gave it. With authentication on, ``--key`` (or ``MCP_BROKER_KEY``)
 is a credential holding ``console:read``.
 
@@ -94,8 +94,8 @@ def render(state: dict[str, Any]) -> str:
         ("workers of this host", [["WORKER", "STREAMS", "LISTENS", "CHANGES/S", "PARTITIONS", "SOURCES"]]
          + [[f"{w['pid']}@{w['host']}", str(w["streams"]), str(w["listens"]), str(w["changes_per_second"]),
              str(w["partitions"]), ",".join(w["sources"]) or "-"] for w in state["workers"]]),
-        ("partitions held on this host", [["PARTITION", "HOLDER", "LAG", "OLDEST(S)"]]
-         + [[str(p["partition"]), p["holder"], str(p["lag_entries"]), str(p["lag_seconds"])]
+        ("partitions", [["PARTITION", "HOLDER", "LAG", "OLDEST(S)"]]
+         + [[str(p["partition"]), _text(p["holder"]), str(p["lag_entries"]), str(p["lag_seconds"])]
             for p in state["partitions"]]),
         ("change sources", [["SOURCE", "RUNNING ON"]]
          + [[s["name"], ",".join(s["holders"]) or "-"] for s in state["sources"]]),

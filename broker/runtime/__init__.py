@@ -187,7 +187,7 @@ class Broker:
         #: The live console's figures (``/console/``); its workers' cards meet in the metrics directory.
         self.console = Console(streams=self.streams, quotas=self.quotas, publisher=self.publisher,
                                changelog=backend.changelog, sessions=backend.sessions, webhooks=backend.webhooks,
-                               runners=self._runners, consumer=self._consumer_name,
+                               leases=backend.leases, runners=self._runners, consumer=self._consumer_name,
                                cards_dir=_cards_dir())
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False

@@ -117,8 +117,9 @@ def state_of(url: str) -> dict[str, Any]:
 
 
 def cards_in(state: dict[str, Any]) -> bool:
-    """Both workers have written their cards, which name every partition of the deployment."""
-    return bool(state["figures"]["workers"] == 2 and len(state["partitions"]) == state["figures"]["partitions"])
+    """Both workers have written their cards, and every partition is held by one of them."""
+    workers = {f"{w['pid']}@{w['host']}" for w in state["workers"]}
+    return len(workers) == 2 and all(p["holder"] in workers for p in state["partitions"])
 
 
 def agree(state: dict[str, Any], samples: Samples) -> dict[str, tuple[Any, float]]:
@@ -128,7 +129,8 @@ def agree(state: dict[str, Any], samples: Samples) -> dict[str, tuple[Any, float
         "sessions": (figures["sessions"], value(samples, "mcp_broker_sessions_open")),
         "streams": (figures["streams"], value(samples, "mcp_broker_streams_open", era="legacy")),
         "listens": (figures["listens"], value(samples, "mcp_broker_streams_open", era="modern")),
-        "partitions held": (len(state["partitions"]), value(samples, "mcp_broker_fanout_leases_held")),
+        "partitions held": (sum(w["partitions"] for w in state["workers"]),
+                            value(samples, "mcp_broker_fanout_leases_held")),
         "lag": (sum(p["lag_entries"] for p in state["partitions"]),
                 sum(value(samples, "mcp_broker_changelog_lag_entries", partition=str(p))
                     for p in range(figures["partitions"]))),
@@ -149,7 +151,7 @@ async def test_status_says_what_the_metrics_say_on_two_workers() -> None:
             # and each worker's card is as fresh as its gauges.
             await wait_for(lambda: value(scrape(broker.url), "mcp_broker_sessions_open") == 4, "the session count")
             await wait_for(lambda: value(scrape(broker.url), "mcp_broker_fanout_leases_held")
-                           == state_of(broker.url)["figures"]["partitions"], "every partition held")
+                           == len(state_of(broker.url)["partitions"]), "every partition's lease report")
             await wait_for(lambda: cards_in(state_of(broker.url)), "both workers' cards, every partition in them")
             state, samples = state_of(broker.url), scrape(broker.url)
             pairs = agree(state, samples)

@@ -10,6 +10,7 @@ meet through their cards; the tenants shown are bounded. The page in a real brow
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from importlib import resources
@@ -129,6 +130,31 @@ async def test_with_authentication_on_the_figures_need_the_console_scope(broker:
             assert answer.status_code == 200 and set(answer.json()["figures"]) == set(FIGURES)
 
 
+@pytest.mark.parametrize("broker", [{"demo": True}], indirect=True)
+async def test_partitions_and_exclusive_sources_are_shown_with_their_holders(broker: Broker) -> None:
+    here = f"{broker.console.pid}@{broker.console.host}"
+
+    async def held_here() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while True:
+            broker.console._state = None
+            state = await broker.console.state()
+            if state["partitions"][0]["holder"] == here and state["sources"][0]["holders"] == [here]:
+                return state
+            assert loop.time() < deadline, state
+            await asyncio.sleep(0.02)  # the fan-out's first read, the source's first lease
+
+    state = await held_here()
+    assert state["sources"] == [{"name": "demo", "exclusive": True, "holders": [here]}]
+    assert state["workers"][0]["partitions"] == 1 and state["workers"][0]["sources"] == ["demo"]
+    # A holder that is no worker of this host (a consumer of another pod) is named as it is.
+    assert broker.fanout is not None
+    broker.console.consumer = lambda: "a-consumer-of-this-worker-no-more"
+    broker.console._state = None
+    assert (await broker.console.state())["partitions"][0]["holder"] == broker.fanout.name
+
+
 class CountingSessions:
     """A session store that counts how often it is counted."""
 
@@ -167,7 +193,8 @@ def console(broker: Broker, clock: list[float], cards_dir: Path | None = None,
             sessions: CountingSessions | None = None, webhooks: NoWebhooks | None = None) -> Console:
     return Console(streams=broker.streams, quotas=broker.quotas, publisher=broker.publisher,
                    changelog=broker.backend.changelog, sessions=sessions or CountingSessions(),  # type: ignore[arg-type]
-                   webhooks=webhooks or NoWebhooks(), runners=[], consumer=lambda: None,  # type: ignore[arg-type]
+                   webhooks=webhooks or NoWebhooks(), leases=broker.backend.leases,  # type: ignore[arg-type]
+                   runners=[], consumer=lambda: None,
                    cards_dir=None if cards_dir is None else str(cards_dir), clock=lambda: clock[0])
 
 
@@ -189,7 +216,7 @@ async def test_the_workers_of_a_host_meet_through_their_cards_and_a_silent_one_d
     clock = [1000.0]
     mine = console(broker, clock, tmp_path)
     other = console(broker, clock, tmp_path)
-    other._write(await other.card())  # the other worker's last card
+    other._write(other.card())  # the other worker's last card
     assert (await mine.state())["figures"]["workers"] == 2
     clock[0] += 10  # the other worker was killed: its card is no longer renewed
     mine._state = None

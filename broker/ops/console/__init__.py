@@ -2,11 +2,14 @@
 
 Two kinds of figure, and the page says which is which:
 
-* **deployment-wide**, asked of the backend: the live sessions (``SessionStore.count``), the
-  change log's partition count, webhook subscriptions, the failing ones and the dead letters;
+* **deployment-wide**, asked of the backend: the live sessions (``SessionStore.count``), every
+  change-log partition with the fan-out consumer holding it and its lag (``ChangeLog.overview``),
+  the holder of each exclusive change source's lease (``Leases.holder``), webhook subscriptions,
+  the failing ones and the dead letters;
 * **per worker**, from the worker's own objects: its open streams and listens, the changes it
-  accepted per second, the partitions its fan-out holds (with their lag, ``ChangeLog.lag``), the
-  change sources it runs, and its tenants' places under a ``streams`` or ``listens`` quota.
+  accepted per second, the name of its fan-out consumer and of its sources' lease owners (so a
+  holder on this host is named by its worker), and its tenants' places under a ``streams`` or
+  ``listens`` quota.
   Each worker of ``serve --workers N`` writes this as a small *card* (a JSON file in the
   multiprocess metrics directory, ``cards_dir``) every ``CARD_INTERVAL`` seconds, and the answer
   to a request merges the cards of every live worker of the host. Workers on other hosts (other
@@ -14,7 +17,8 @@ Two kinds of figure, and the page says which is which:
 
 Cheap by construction: a state is computed at most once per ``CACHE_SECONDS`` per worker however
 many pages poll it (concurrent requests share one computation), it costs a few backend reads (one
-count, one lag, and every ``WEBHOOK_SECONDS`` a bounded scan of webhooks and dead letters),
+count, one overview, a lease per exclusive source, and every ``WEBHOOK_SECONDS`` a bounded scan of
+webhooks and dead letters), a card costs no backend read at all,
 nothing is counted per frame or per request, and every list in it is bounded (``TOP_TENANTS``,
 ``WEBHOOK_SCAN``, ...).
 """
@@ -33,7 +37,7 @@ from typing import Any, Final
 
 import orjson
 
-from broker.backends.base import ChangeLog, SessionStore, Webhooks
+from broker.backends.base import ChangeLog, Leases, SessionStore, Webhooks
 from broker.delivery.stream import Streams
 from broker.errors import BackendUnavailable
 from broker.publisher import Publisher
@@ -71,7 +75,7 @@ class Console:
     """This worker's card and the merged state; ``run`` writes the card while several workers share a host."""
 
     def __init__(self, *, streams: Streams, quotas: Quotas, publisher: Publisher, changelog: ChangeLog,
-                 sessions: SessionStore, webhooks: Webhooks, runners: Sequence[SourceRunner],
+                 sessions: SessionStore, webhooks: Webhooks, leases: Leases, runners: Sequence[SourceRunner],
                  consumer: Callable[[], str | None], cards_dir: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         """``consumer``: the name of this worker's fan-out consumer (None: it runs none); ``cards_dir``:
@@ -82,6 +86,7 @@ class Console:
         self.changelog = changelog
         self.sessions = sessions
         self.webhooks = webhooks
+        self.leases = leases
         self.runners = runners
         self.consumer = consumer
         self.clock = clock
@@ -106,18 +111,10 @@ class Console:
         first_at, first = samples[0]
         return 0.0 if now - first_at <= 0 else round((self.publisher.accepted - first) / (now - first_at), 2)
 
-    async def card(self) -> dict[str, Any]:
-        """What this worker holds now; one backend read (its fan-out's lag) when it runs a consumer."""
+    def card(self) -> dict[str, Any]:
+        """What this worker holds now, from its own objects (no backend read)."""
         now = self.clock()
         streams = self.streams
-        consumer = self.consumer()
-        partitions: dict[str, list[float]] = {}
-        if consumer is not None:
-            try:
-                lag = await self.changelog.lag(consumer)
-                partitions = {str(p): [entries, round(seconds, 3)] for p, (entries, seconds) in sorted(lag.items())}
-            except BackendUnavailable:
-                pass  # shown without its partitions; the deployment figures say the backend is away
         tenants: Counter[tuple[str, str]] = Counter()
         for lease in self.quotas.held:
             tenants[(lease.tenant, lease.kind)] += 1
@@ -126,8 +123,9 @@ class Console:
             "streams": len(streams.legacy) - streams.resumable,
             "listens": len(streams.listens) + streams.resumable,
             "changes_per_second": self._rate(now),
-            "partitions": partitions,
-            "sources": {runner.source.name: runner.running for runner in self.runners},
+            "consumer": self.consumer(),
+            # Each source's lease owner while it runs here (None: it does not run here now).
+            "sources": {runner.source.name: runner.owner if runner.running else None for runner in self.runners},
             "tenants": [[tenant, kind, n] for (tenant, kind), n in tenants.most_common(TOP_TENANTS * 2)],
         }
 
@@ -137,7 +135,7 @@ class Console:
             return
         while True:
             try:
-                self._write(await self.card())
+                self._write(self.card())
             except OSError as exc:  # the directory went away (the parent exits): nothing to show anyway
                 logger.debug("could not write the console card: %s", exc)
             await asyncio.sleep(CARD_INTERVAL)
@@ -153,9 +151,9 @@ class Console:
         if self._card_path is not None:
             self._card_path.unlink(missing_ok=True)
 
-    async def _cards(self) -> list[dict[str, Any]]:
+    def _cards(self) -> list[dict[str, Any]]:
         """Every live worker's card of this host, this worker's freshly made."""
-        own = await self.card()
+        own = self.card()
         if self._card_path is None:
             return [own]
         cards = [own]
@@ -182,9 +180,9 @@ class Console:
             return self._state
 
     async def _compute(self) -> dict[str, Any]:
-        cards = await self._cards()
+        cards = self._cards()
         deployment = await self._deployment()
-        partitions = self._partitions(cards)
+        partitions = self._partitions(cards, deployment.get("overview", {}))
         figures = {
             "sessions": deployment.get("sessions"),
             "streams": sum(int(card["streams"]) for card in cards),
@@ -203,11 +201,11 @@ class Console:
             "figures": figures,
             "workers": [{key: card[key] for key in ("pid", "host", "started_at", "streams", "listens",
                                                      "changes_per_second")}
-                        | {"partitions": len(card["partitions"]),
-                           "sources": sorted(name for name, on in card["sources"].items() if on)}
+                        | {"partitions": sum(p["holder"] == _worker(card) for p in partitions),
+                           "sources": sorted(name for name, owner in card["sources"].items() if owner)}
                         for card in cards],
             "partitions": partitions,
-            "sources": self._sources(cards),
+            "sources": self._sources(cards, deployment.get("source_owners", {})),
             "webhooks": {"failing": deployment.get("failing", []), "dead_letters": deployment.get("letters", []),
                          "scanned": deployment.get("scanned", 0), "complete": deployment.get("complete", True)},
             "tenants": self._tenants(cards, deployment.get("per_tenant", {})),
@@ -217,13 +215,16 @@ class Console:
         """The figures asked of the backend; ``unavailable`` when it does not answer."""
         try:
             sessions = await self.sessions.count()
+            overview = await self.changelog.overview()
+            owners = {runner.source.name: await self.leases.holder(runner.lease_name)
+                      for runner in self.runners if runner.source.exclusive}
             now = self.clock()
             if self._webhooks is None or now - self._webhooks_at >= WEBHOOK_SECONDS:
                 self._webhooks = await self._scan_webhooks()
                 self._webhooks_at = now
         except BackendUnavailable:
             return {"unavailable": True}
-        return {"sessions": sessions, **self._webhooks}
+        return {"sessions": sessions, "overview": overview, "source_owners": owners, **self._webhooks}
 
     async def _scan_webhooks(self) -> dict[str, Any]:
         """The webhook subscriptions (the first ``WEBHOOK_SCAN``), the failing ones and the dead letters."""
@@ -242,23 +243,28 @@ class Console:
                          "attempts": d.attempts, "error": d.error, "at": d.at} for d in letters[:DEAD_LETTERS_SHOWN]],
         }
 
-    def _partitions(self, cards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Each partition a worker of this host holds, with its holder and lag (others: not held here)."""
-        held: dict[int, dict[str, Any]] = {}
-        for card in cards:
-            for partition, (entries, seconds) in card["partitions"].items():
-                held[int(partition)] = {"partition": int(partition), "holder": _worker(card),
-                                        "lag_entries": entries, "lag_seconds": seconds}
-        return [held[p] for p in sorted(held)]
+    def _partitions(self, cards: list[dict[str, Any]],
+                    overview: dict[int, tuple[str | None, int, float]]) -> list[dict[str, Any]]:
+        """Every partition fan-out reads, with its holder (a worker of this host by its name, another
+        consumer by its own, None: nobody now) and its lag."""
+        workers = {card["consumer"]: _worker(card) for card in cards if card.get("consumer")}
+        return [{"partition": partition, "holder": workers.get(holder, holder) if holder else None,
+                 "lag_entries": entries, "lag_seconds": round(seconds, 3)}
+                for partition, (holder, entries, seconds) in sorted(overview.items())]
 
-    def _sources(self, cards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        holders: dict[str, list[str]] = {}
-        for card in cards:
-            for name, running in card["sources"].items():
-                holders.setdefault(name, [])
-                if running:
-                    holders[name].append(_worker(card))
-        return [{"name": name, "holders": holders[name]} for name in sorted(holders)]
+    def _sources(self, cards: list[dict[str, Any]], owners: dict[str, str | None]) -> list[dict[str, Any]]:
+        """Each change source and where it runs: an exclusive one under its lease's holder (a worker of this
+        host by its name, another by its owner's), any other on each worker of this host running it."""
+        by_owner = {owner: _worker(card) for card in cards for owner in card["sources"].values() if owner}
+        rows = []
+        for name in sorted({name for card in cards for name in card["sources"]}):
+            if name in owners:
+                owner = owners[name]
+                holders = [] if owner is None else [by_owner.get(owner, owner)]
+            else:
+                holders = [_worker(card) for card in cards if card["sources"].get(name)]
+            rows.append({"name": name, "exclusive": name in owners, "holders": holders})
+        return rows
 
     def _tenants(self, cards: list[dict[str, Any]], webhooks: dict[str, int]) -> list[dict[str, Any]]:
         """The busiest ``TOP_TENANTS`` tenants: their places under quota here and their webhooks, against

@@ -58,10 +58,10 @@ function render(state) {
   $("answered").textContent = "answered by " + state.answered_by.pid + "@" + state.answered_by.host;
   fill("workers", state.workers.map((w) => [w.pid + "@" + w.host, ago(w.started_at), w.streams, w.listens,
     w.changes_per_second, w.partitions, w.sources.join(", ") || "–"]), "no worker");
-  fill("partitions", state.partitions.map((p) => [p.partition, p.holder, p.lag_entries,
-    p.lag_seconds.toFixed(1) + " s"]), "no partition held on this host (fan-out runs elsewhere)");
-  fill("sources", state.sources.map((s) => [s.name, s.holders.join(", ") || "waiting for its lease"]),
-    "no change source configured");
+  fill("partitions", state.partitions.map((p) => [p.partition, p.holder === null ? ["nobody now", "near"] : p.holder,
+    p.lag_entries, p.lag_seconds.toFixed(1) + " s"]), "the backend did not answer");
+  fill("sources", state.sources.map((s) => [s.name, s.holders.length ? s.holders.join(", ")
+    : [s.exclusive ? "nobody holds its lease now" : "not running", "near"]]), "no change source configured");
   fill("failing", state.webhooks.failing.map((f) => [f.id, f.tenant, f.error, ago(f.failing_since)]),
     "none failing");
   fill("letters", state.webhooks.dead_letters.map((d) => [d.subscription, d.tenant, d.attempts, d.error,
