@@ -225,6 +225,21 @@ async def test_the_workers_of_a_host_meet_through_their_cards_and_a_silent_one_d
     assert [path.name for path in tmp_path.iterdir()] == []  # only the other wrote a card; it took it away
 
 
+async def test_the_rate_is_of_the_last_seconds_once_the_changes_stop(broker: Broker) -> None:
+    clock = [1000.0]
+    watched = console(broker, clock)
+    start = broker.publisher.accepted
+    for second in range(1, 6):  # ten changes a second, sampled each second (as ``run`` does)
+        broker.publisher.accepted = start + 10 * second
+        clock[0] += 1
+        rate = watched.card()["changes_per_second"]
+    assert rate == 10.0
+    for _ in range(7):  # the changes stop: the rate falls to nothing within the window
+        clock[0] += 1
+        rate = watched.card()["changes_per_second"]
+    assert rate == 0.0
+
+
 async def test_the_tenants_shown_are_the_busiest_and_bounded(broker: Broker) -> None:
     for n in range(TOP_TENANTS * 3):
         for i in range(n % 5 + 1):

@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a computed state is served again before the next is computed.
 CACHE_SECONDS: Final = 1.0
-#: Seconds between two cards of a worker (several workers on a host).
+#: Seconds between two cards of a worker (several workers on a host), or two samples of its rate (one).
 CARD_INTERVAL: Final = 1.0
 #: A card older than this is a worker that stopped without removing it (killed): not shown.
 STALE_SECONDS: Final = 5.0
@@ -130,14 +130,16 @@ class Console:
         }
 
     async def run(self) -> None:
-        """Until cancelled, write this worker's card every ``CARD_INTERVAL`` seconds (only with ``cards_dir``)."""
-        if self._card_path is None:
-            return
+        """Until cancelled, every ``CARD_INTERVAL`` seconds: write this worker's card (with ``cards_dir``), or
+        only sample its count of accepted changes, so that the rate is of the last seconds whenever asked."""
         while True:
-            try:
-                self._write(self.card())
-            except OSError as exc:  # the directory went away (the parent exits): nothing to show anyway
-                logger.debug("could not write the console card: %s", exc)
+            if self._card_path is None:
+                self._rate(self.clock())
+            else:
+                try:
+                    self._write(self.card())
+                except OSError as exc:  # the directory went away (the parent exits): nothing to show anyway
+                    logger.debug("could not write the console card: %s", exc)
             await asyncio.sleep(CARD_INTERVAL)
 
     def _write(self, card: dict[str, Any]) -> None:
