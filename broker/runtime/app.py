@@ -110,9 +110,9 @@ class BrokerApp:
             "/metrics": (MetricsEndpoint(broker.metrics.render), "metrics", _PROBE),
             # RFC 9728, asked for before a client has any token (with OAuth on; none otherwise).
             **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
-            "/console": (ConsoleRedirect(), "console", _PROBE),
+            "/console": (ConsoleRedirect(), "console-redirect", _PROBE),
             **{path: (ConsolePage(path, auth_on), "console", _PROBE) for path in CONSOLE_PATHS if path != STATE_PATH},
-            STATE_PATH: (ConsoleState(broker.console, auth_on, challenge), "console", _CONSOLE),
+            STATE_PATH: (ConsoleState(broker.console, auth_on, challenge), "console-state", _CONSOLE),
         }
 
     @property

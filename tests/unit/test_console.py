@@ -86,6 +86,9 @@ async def test_the_page_and_its_files_are_served_with_every_live_figure_named() 
             assert (await http.post("/console/state.json")).status_code == 405
     finally:
         await running.stop()
+    described = create_app(Settings(_env_file=None, docs=True)).api.openapi()  # type: ignore[call-arg]
+    assert {"/console/", "/console/console.js", "/console/state.json"} <= set(described["paths"])
+    assert "console:read" in described["paths"]["/console/state.json"]["get"]["summary"]
 
 
 @pytest.mark.parametrize("broker", [{"allowed_hosts": ["*"]}], indirect=True)
