@@ -54,6 +54,8 @@ class Publisher:
         self._metrics = metrics
         #: By source: the instrument of each, made at its first publish.
         self._published: dict[str, Counter] = {}
+        #: Changes this process accepted into the change log since it started (the console's rate).
+        self.accepted = 0
         self._per_tenant = TenantCounter(metrics, "mcp_broker_tenant_publishes_total",
                                          tenant_labels or TenantLabels(0))
 
@@ -162,6 +164,7 @@ class Publisher:
         return ids
 
     def _count(self, source: str, n: int) -> None:
+        self.accepted += n
         counter = self._published.get(source)
         if counter is None:
             counter = self._published[source] = self._metrics.counter("mcp_broker_changes_published_total",

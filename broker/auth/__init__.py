@@ -9,7 +9,8 @@ async because checking a token may need I/O (a key set, an introspection endpoin
 Built in: ``Anonymous`` (no credentials configured: every caller is the anonymous principal of
 the default tenant) and ``Bearer``: the ``Authorization: Bearer`` token, asked of a list of
 ``TokenVerifier``s in order, the first that knows the token deciding. The verifiers: static
-``ApiKeys`` (``MCP_BROKER_API_KEYS``, each bound to a tenant and a subject, every scope) and
+``ApiKeys`` (``MCP_BROKER_API_KEYS``, each bound to a tenant and a subject, every data scope and
+``console:read``) and
 OAuth access tokens (``broker.auth.oauth``, scopes from the token). With OAuth on, every 401 names
 this server's protected resource metadata (RFC 9728), where a client finds the authorization
 server to get a token from.
@@ -23,7 +24,16 @@ import hmac
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from broker.auth.identity import ALL_SCOPES, SCOPES, AuthUnavailable, Lifecycle, Principal, TokenVerifier, Unauthorized
+from broker.auth.identity import (
+    ALL_SCOPES,
+    OPERATOR_SCOPES,
+    SCOPES,
+    AuthUnavailable,
+    Lifecycle,
+    Principal,
+    TokenVerifier,
+    Unauthorized,
+)
 from broker.config import Settings
 
 __all__ = ["ALL_SCOPES", "SCOPES", "Anonymous", "ApiKeys", "AuthUnavailable", "Authenticator", "Bearer", "Lifecycle",
@@ -66,7 +76,7 @@ class ApiKeys:
         self._keys: list[tuple[bytes, Principal]] = []
         for key, binding in keys.items():
             tenant, _, subject = binding.partition("/")
-            self._keys.append((key.encode(), Principal(tenant, subject or "user")))
+            self._keys.append((key.encode(), Principal(tenant, subject or "user", OPERATOR_SCOPES)))
 
     async def verify(self, token: str) -> Principal | None:
         presented = token.encode()

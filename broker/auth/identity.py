@@ -13,12 +13,18 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
 
-__all__ = ["ALL_SCOPES", "PEER", "SCOPES", "AuthUnavailable", "Lifecycle", "Principal", "TokenVerifier", "Unauthorized",
-           "peer_key"]
+__all__ = ["ALL_SCOPES", "CONSOLE", "OPERATOR_SCOPES", "PEER", "SCOPES", "AuthUnavailable", "Lifecycle", "Principal",
+           "TokenVerifier", "Unauthorized", "peer_key"]
 
 #: What a principal may do: read resources, watch them, write records, publish changes.
 SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
 ALL_SCOPES: Final = frozenset(SCOPES)
+#: See the deployment as a whole: the live console and ``mcp-broker status`` (every tenant's figures).
+#: An operator's scope: never a tenant's by default; a static API key, set by whoever runs the
+#: deployment, holds it (``OPERATOR_SCOPES``).
+CONSOLE: Final = "console:read"
+#: What a static API key holds: every data scope and the console's.
+OPERATOR_SCOPES: Final = ALL_SCOPES | {CONSOLE}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from broker.auth.identity import SCOPES, Principal, Unauthorized
+from broker.auth.identity import CONSOLE, SCOPES, Principal, Unauthorized
 from broker.auth.scopes import ADMIN
 from broker.backends.base import Credentials, KeyRecord
 from broker.tenants import tenant_problem
@@ -37,8 +37,8 @@ __all__ = ["ADMIN", "GRANTABLE", "MAX_LINEAGE", "PREFIX", "IssuedKey", "KeyAdmin
 
 #: What every key starts with, and nothing else the broker accepts does.
 PREFIX: Final = "mcpb_"
-#: What a key may be granted: every data scope, and the admin scope (never by default).
-GRANTABLE: Final = (*SCOPES, ADMIN)
+#: What a key may be granted: every data scope, the admin scope and the console's (those two never by default).
+GRANTABLE: Final = (*SCOPES, ADMIN, CONSOLE)
 #: Longer bearer tokens with the prefix are refused without a lookup (ours are 48 characters).
 MAX_KEY_LENGTH: Final = 128
 #: Lookups a worker keeps (the least recently fetched go first).

@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Final
 
 from broker.auth import Principal
+from broker.auth.identity import CONSOLE
 from broker.protocol import jsonrpc as rpc
 
-__all__ = ["ADMIN", "METHOD_SCOPES", "PUBLISH", "READ", "SUBSCRIBE", "WRITE", "InsufficientScope", "challenge",
-           "forbidden", "require"]
+__all__ = ["ADMIN", "CONSOLE", "METHOD_SCOPES", "PUBLISH", "READ", "SUBSCRIBE", "WRITE", "InsufficientScope",
+           "challenge", "forbidden", "require"]
 
 #: Read resources: list, read, templates (MCP), and records and collections (REST).
 READ: Final = "resources:read"
@@ -29,6 +30,8 @@ WRITE: Final = "records:write"
 PUBLISH: Final = "changes:publish"
 #: Manage the tenant's API keys (the admin API).
 ADMIN: Final = "keys:admin"
+
+#: (``CONSOLE``, ``console:read``: the live console and ``mcp-broker status``; see ``broker.auth.identity``.)
 
 #: The scope each MCP method needs; a method not named here needs none.
 METHOD_SCOPES: Final = {

@@ -210,6 +210,10 @@ class ChangeLog(Protocol):
         """For the metrics: per partition ``consumer`` holds, the changes not yet fanned out and the age
         in seconds of the oldest of them (a partition it does not hold is not named)."""
 
+    async def overview(self) -> dict[int, tuple[str | None, int, float]]:
+        """For the console: per partition fan-out reads now, the consumer holding it (None: nobody now)
+        and ``lag``'s two figures, whoever holds it. A few round trips, never one per partition."""
+
 
 class Broadcast(Protocol):
     """Processed changes, to every process of the deployment (for the listens each one holds)."""
@@ -271,6 +275,9 @@ class Leases(Protocol):
 
     async def release(self, name: str, owner: str) -> None:
         """Give the lease up when ``owner`` holds it."""
+
+    async def holder(self, name: str) -> str | None:
+        """For the console: who holds the lease now; None when nobody does (or it lapsed)."""
 
 
 class Credentials(Protocol):

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from broker.config import Settings
@@ -321,16 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.cli.config import add_config_parser
     from broker.cli.keys import add_keys_parser
     from broker.cli.partitions import add_partitions_parser
+    from broker.cli.status import add_status_parser
     from broker.cli.webhooks import add_webhooks_parser
 
     add_keys_parser(sub, formatter)
     add_webhooks_parser(sub, formatter)
     add_partitions_parser(sub, formatter)
     add_config_parser(sub, formatter)
+    add_status_parser(sub, formatter)
     for name, command in sub.choices.items():
-        if name != "watch":  # a client: it reads no settings
+        if name not in _CLIENTS:  # a client: it reads no settings
             _add_config_options(command)
     return parser
+
+
+#: The commands that are clients of a server (of any MCP server, or of a broker's console): no settings.
+_CLIENTS: Final = frozenset({"watch", "status"})
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -374,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MCP_BROKER_LOG_LEVEL"] = args.log_level
     if args.log_format is not None:
         os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
-    problems = [] if args.command == "watch" else _settings_problems()  # a client: no server settings
+    problems = [] if args.command in _CLIENTS else _settings_problems()  # clients: no server settings
     if not problems and args.command in ("serve", "stdio", "config"):  # the commands that load the providers
         from broker.config import Settings
 

@@ -36,7 +36,7 @@ def add_keys_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--subject", required=True, help="who the key stands for (its principal: tenant/subject)")
     create.add_argument("--scopes", default=None,
-                        help=f"comma list among {', '.join(GRANTABLE)} (default: all but keys:admin)")
+                        help=f"comma list among {', '.join(GRANTABLE)} (default: all but keys:admin and console:read)")
     create.add_argument("--expires-in", default=None, help="a lifetime: seconds, or 90s, 15m, 12h, 30d (default: none)")
     listing = actions.add_parser("list", help="the keys (never their secrets)", formatter_class=formatter)
     listing.add_argument("--tenant", default=None, help="only this tenant's keys (default: every tenant's)")

@@ -36,6 +36,7 @@ from broker.feeds.listen import ResumableListens
 from broker.feeds.service import Feeds
 from broker.methods import Methods
 from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
+from broker.ops.console import Console
 from broker.ops.health import Health
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
@@ -81,6 +82,13 @@ def default_metrics(settings: Settings) -> Metrics:
     from broker.ops.prometheus import PrometheusMetrics  # imported only when used: prometheus_client is not small
 
     return PrometheusMetrics()
+
+
+def _cards_dir() -> str | None:
+    """Where the workers of ``serve --workers N`` leave their console cards: the metrics directory they share."""
+    from broker.ops.prometheus import multiprocess_dir  # the directory's owner; prometheus_client is a dependency
+
+    return multiprocess_dir()
 
 
 class CountedSubscriptions:
@@ -175,6 +183,12 @@ class Broker:
         self._sessions_open = metrics.gauge("mcp_broker_sessions_open")
         self.fanout: Fanout | None = None
         self._sources: list[ChangeSource] = []
+        self._runners: list[SourceRunner] = []
+        #: The live console's figures (``/console/``); its workers' cards meet in the metrics directory.
+        self.console = Console(streams=self.streams, quotas=self.quotas, publisher=self.publisher,
+                               changelog=backend.changelog, sessions=backend.sessions, webhooks=backend.webhooks,
+                               leases=backend.leases, runners=self._runners, consumer=self._consumer_name,
+                               cards_dir=_cards_dir())
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         if settings.demo:
@@ -233,6 +247,7 @@ class Broker:
         self._tasks.append(asyncio.create_task(self.events.delivery.run(), name="webhook-delivery"))
         self._tasks.append(asyncio.create_task(self.metrics.sample_every(SESSIONS_COUNT_INTERVAL, self._count_sessions),
                                                name="sessions-count"))
+        self._tasks.append(asyncio.create_task(self.console.run(), name="console-card"))
         self.started = True
         for source in self._sources:
             self._start_source(source)
@@ -241,6 +256,7 @@ class Broker:
     def _start_source(self, source: ChangeSource) -> None:
         runner = SourceRunner(source, self.publisher, self.backend.leases, self.settings.source_lease_ms,
                               metrics=self.metrics)
+        self._runners.append(runner)
         self._tasks.append(asyncio.create_task(runner.run(), name=f"source-runner-{source.name}"))
 
     async def end_streams(self) -> None:
@@ -253,6 +269,8 @@ class Broker:
             await self._hub.shutdown()
             await stop_tasks(self._tasks)
             self._tasks.clear()
+            self._runners.clear()
+            self.console.close()
             await self.backend.close()
             if isinstance(self.authenticator, Lifecycle):
                 await self.authenticator.close()
@@ -262,6 +280,9 @@ class Broker:
         finally:
             self.started = False
         self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.ops.prometheus)
+
+    def _consumer_name(self) -> str | None:
+        return None if self.fanout is None else self.fanout.name
 
     async def _count_sessions(self) -> None:
         """``mcp_broker_sessions_open``, sampled every ``SESSIONS_COUNT_INTERVAL`` seconds (the first at once):

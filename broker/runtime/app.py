@@ -26,12 +26,14 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from broker.auth import Anonymous
 from broker.config import Settings
 from broker.errors import Refusal
 from broker.metrics import Counter
 from broker.ops import logs
 from broker.runtime import Broker
 from broker.transport.admin import build_admin_router
+from broker.transport.console import CONSOLE_PATHS, STATE_PATH, ConsolePage, ConsoleRedirect, ConsoleState
 from broker.transport.edge import Edge, Style, principal_of, refusal, refused, scope_challenger
 from broker.transport.guards import NO_SNIFF_NO_STORE, HostPolicy
 from broker.transport.http import McpEndpoint
@@ -72,6 +74,9 @@ ADMIN_PREFIX: Final = "/admin"
 _API: Final = Route(Style.REST, authenticate=True)
 _PUBLIC: Final = Route(Style.REST, authenticate=False)
 _PROBE: Final = Route(Style.REST, authenticate=False, methods=frozenset({"GET", "HEAD"}))
+#: The console's figures need a caller (``console:read``) when authentication is on; its page and files
+#: hold no figure and need none (``broker.transport.console``).
+_CONSOLE: Final = Route(Style.REST, authenticate=True, methods=frozenset({"GET", "HEAD"}))
 #: Answered whatever the ``Host``: a kubelet or a scraper names the pod's address, and none of
 #: them carries a tenant's data (``/metrics`` shows tenant names only when configured to).
 _ANY_HOST: Final = frozenset({"/livez", "/readyz", "/metrics"})
@@ -94,6 +99,7 @@ class BrokerApp:
         self._warned_host = False
         self._warned_not_started = False
         challenge = scope_challenger(broker.authenticator)
+        auth_on = not isinstance(broker.authenticator, Anonymous)  # every caller anonymous: authentication off
         self.mcp = McpEndpoint(broker.dispatcher, max_body_bytes=settings.max_body_bytes, retry_ms=settings.retry_ms,
                                challenge=challenge)
         #: Served directly, each with its name (for the counters) and edge policy.
@@ -104,6 +110,9 @@ class BrokerApp:
             "/metrics": (MetricsEndpoint(broker.metrics.render), "metrics", _PROBE),
             # RFC 9728, asked for before a client has any token (with OAuth on; none otherwise).
             **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
+            "/console": (ConsoleRedirect(), "console-redirect", _PROBE),
+            **{path: (ConsolePage(path, auth_on), "console", _PROBE) for path in CONSOLE_PATHS if path != STATE_PATH},
+            STATE_PATH: (ConsoleState(broker.console, auth_on, challenge), "console-state", _CONSOLE),
         }
 
     @property

@@ -74,6 +74,8 @@ class SourceRunner:
         self.publisher = publisher
         self.owner = f"{source.name}-{secrets.token_hex(4)}"
         self._running = metrics.gauge("mcp_broker_sources_running", source=source.name)
+        #: Whether the source runs here now (under its lease, when it is exclusive): what the console shows.
+        self.running = False
         self._lease = HeldLease(leases, self.lease_name, self.owner, lease_ms, f"change source {source.name}")
 
     @property
@@ -102,6 +104,7 @@ class SourceRunner:
         """Run the source until it returns (``finished``), fails (``failed``) or loses its lease (``lost``)."""
         task = asyncio.create_task(self.source.run(self.publisher), name=f"source-{self.source.name}")
         self._running.inc()
+        self.running = True
         lost = False
         try:
             if self.source.exclusive:
@@ -113,6 +116,7 @@ class SourceRunner:
                 await stop_task(task)
             finally:
                 self._running.dec()
+                self.running = False
                 if self.source.exclusive:
                     await self._lease.release()  # only once the source has stopped
         if lost:

@@ -3,7 +3,8 @@
 FastAPI describes the routes it serves itself (``/healthz``, the REST API under ``/collections``,
 the admin API under ``/admin``). The routes the app serves directly, around FastAPI, are described
 here by the name the app counts them under (``broker.runtime.app``): ``/mcp``, ``/changes``, the
-probes, ``/metrics`` and, with OAuth on, the protected resource metadata. The POSTs the broker
+probes, ``/metrics``, the console under ``/console/`` and, with OAuth on, the protected resource
+metadata. The POSTs the broker
 sends to webhook callbacks (``events/subscribe``) are OpenAPI 3.1 ``webhooks``.
 """
 
@@ -75,6 +76,16 @@ DIRECT_ROUTES: Final[dict[str, dict[str, Any]]] = {
     "metrics": {"get": {"summary": "Prometheus metrics of every worker (MCP_BROKER_METRICS)", "tags": ["operations"],
                         "responses": _answers(404, ok={"200": {"description": "the text exposition format",
                                                                "content": {"text/plain": {}}}})}},
+    "console": {"get": {"summary": "the live console: its page, script or style (no figure; docs/CONSOLE.md)",
+                        "tags": ["operations"],
+                        "responses": _answers(403, 421, ok={"200": {"description": "the file",
+                                                                    "content": {"text/html": {}}}})}},
+    "console-redirect": {"get": {"summary": "to /console/", "tags": ["operations"],
+                                 "responses": {"308": {"description": "Location: console/"}}}},
+    "console-state": {"get": {"summary": "the live console's figures (scope console:read; with authentication "
+                                         "off, this machine only)", "tags": ["operations"],
+                              "responses": _answers(401, 403, 405, 421, ok={"200": _PROBE_OK | {
+                                  "description": "the deployment's figures"}})}},
     "oauth-metadata": {"get": {"summary": "OAuth 2.0 protected resource metadata (RFC 9728), with OAuth on",
                                "tags": ["operations"],
                                "responses": _answers(ok={"200": _PROBE_OK | {"description": "the metadata"}})}},

@@ -483,6 +483,25 @@ async def test_a_published_change_is_read_back_intact(backend: Backend) -> None:
     assert await backend.changelog.read("c1", 10, 100) == [(change_id, change)]
 
 
+async def test_the_overview_names_each_partitions_holder_and_what_waits_there(backend: Backend) -> None:
+    before = await backend.changelog.overview()
+    assert len(before) == backend.changelog.partitions
+    assert all(holder is None and entries == 0 for holder, entries, _ in before.values())
+    for n in range(3):
+        await backend.changelog.publish(Change("t1", f"x:{n}"))
+    waiting = await backend.changelog.overview()
+    assert sum(entries for _, entries, _ in waiting.values()) == 3
+    read = await backend.changelog.read("c1", 100, 100)
+    held = await backend.changelog.overview()
+    assert {holder for holder, _, _ in held.values()} == {"c1"}  # every partition, this consumer alone
+    lag = await backend.changelog.lag("c1")  # the same figures (the ages read a moment apart)
+    assert {p: entries for p, (_, entries, _) in held.items() if entries} == {p: n for p, (n, _) in lag.items() if n}
+    await backend.changelog.ack([cid for cid, _ in read])
+    assert sum(entries for _, entries, _ in (await backend.changelog.overview()).values()) == 0
+    await backend.changelog.release("c1")
+    assert all(holder is None for holder, _, _ in (await backend.changelog.overview()).values())
+
+
 async def test_one_consumer_reads_the_log_at_a_time_so_changes_keep_their_order(backend: Backend) -> None:
     changes = [Change("t1", f"x:{n % 2}", meta={"n": n}) for n in range(10)]
     ids = [await backend.changelog.publish(change) for change in changes]
@@ -661,6 +680,15 @@ async def test_a_lease_is_held_by_one_owner_until_it_is_released(backend: Backen
     await backend.leases.release(name, "a")
     assert await backend.leases.hold(name, "b", 60_000) is True  # without waiting out the ttl
     assert await backend.leases.hold(name, "a", 60_000) is False
+
+
+async def test_a_leases_holder_can_be_asked_for(backend: Backend) -> None:
+    name = f"lease-{secrets.token_hex(4)}"
+    assert await backend.leases.holder(name) is None
+    assert await backend.leases.hold(name, "a", 60_000) is True
+    assert await backend.leases.holder(name) == "a"
+    await backend.leases.release(name, "a")
+    assert await backend.leases.holder(name) is None
 
 
 async def test_a_lease_its_owner_stops_renewing_lapses_after_its_ttl(backend: Backend) -> None:

@@ -145,6 +145,12 @@ class MemoryChangeLog:
         age = max(time.time() - accepted, 0.0) if accepted is not None else 0.0
         return {0: (len(self._log) + len(self._pending), age)}
 
+    async def overview(self) -> dict[int, tuple[str | None, int, float]]:
+        holder = self._holder
+        owner = holder[0] if holder is not None and holder[1] > time.monotonic() else None
+        lag = await self.lag(owner) if owner is not None else {}
+        return {0: (owner, *lag.get(0, (len(self._log) + len(self._pending), 0.0)))}
+
     async def release(self, consumer: str) -> None:
         if self._holder is not None and self._holder[0] == consumer:
             self._holder = None

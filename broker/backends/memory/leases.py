@@ -26,6 +26,10 @@ class MemoryLeases:
         self._held[name] = (owner, now + ttl_ms / 1000)
         return True
 
+    async def holder(self, name: str) -> str | None:
+        held = self._held.get(name)
+        return held[0] if held is not None and held[1] > time.monotonic() else None
+
     async def release(self, name: str, owner: str) -> None:
         held = self._held.get(name)
         if held is not None and held[0] == owner:

@@ -42,7 +42,7 @@ from broker.backends.redis.codec import as_text, encode_change
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.durable import Durability
 from broker.backends.redis.keys import FANOUT_GROUP, Keys
-from broker.backends.redis.lag import partition_lag
+from broker.backends.redis.lag import partition_lag, partition_overview
 from broker.backends.redis.leases import PartitionLeases
 from broker.backends.redis.partitioning import Partitioning
 from broker.backends.redis.scripts import Scripts
@@ -310,6 +310,10 @@ class RedisChangeLog:
         age in seconds of the oldest of them (``partition_lag``)."""
         with unavailable("changelog.lag"):
             return await partition_lag(self.client, self.keys, list(self.leases.share_of(consumer).held))
+
+    async def overview(self) -> dict[int, tuple[str | None, int, float]]:
+        with unavailable("changelog.overview"):
+            return await partition_overview(self.client, self.keys, list(self.leases.partitions))
 
     async def release(self, consumer: str) -> None:
         """Give up the partitions ``consumer`` holds: the next consumer to ask takes them at once."""

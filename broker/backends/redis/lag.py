@@ -1,4 +1,5 @@
-"""How far fan-out is behind on change-log partitions, for the metrics (``RedisChangeLog.lag`` asks it)."""
+"""How far fan-out is behind on change-log partitions, for the metrics (``RedisChangeLog.lag`` asks it) and
+the console (``RedisChangeLog.overview``: every partition, with the consumer holding its lease)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from broker.backends.redis.connection import Client
 from broker.backends.redis.keys import Keys
 from broker.metrics import accepted_at
 
-__all__ = ["partition_lag"]
+__all__ = ["partition_lag", "partition_overview"]
 
 
 async def partition_lag(client: Client, keys: Keys, partitions: Sequence[int]) -> dict[int, tuple[int, float]]:
@@ -37,3 +38,21 @@ async def partition_lag(client: Client, keys: Keys, partitions: Sequence[int]) -
         accepted = accepted_at(as_text(first[0][0])) if first and entries else None
         lag[partition] = (entries, max(now - accepted, 0.0) if accepted is not None else 0.0)
     return lag
+
+
+async def partition_overview(client: Client, keys: Keys,
+                             partitions: Sequence[int]) -> dict[int, tuple[str | None, int, float]]:
+    """Per partition, the consumer holding its lease (None: nobody) and ``partition_lag``'s figures.
+
+    Two round trips (per Cluster node) whatever the number of partitions; the caller translates
+    connection errors.
+    """
+    if not partitions:
+        return {}
+    batch = Batch(client)
+    for partition in partitions:
+        batch.pipe.get(keys.lease(partition))
+    holders = await batch.execute()
+    lag = await partition_lag(client, keys, partitions)
+    return {partition: (as_text(holder) if holder is not None else None, *lag[partition])
+            for partition, holder in zip(partitions, holders, strict=True)}

@@ -25,6 +25,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from broker.backends.redis.batch import Batch
+from broker.backends.redis.codec import as_text
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.keys import Keys
 from broker.backends.redis.scripts import Scripts
@@ -285,6 +286,11 @@ class RedisLeases:
         with unavailable("leases.hold"):
             taken = await self.scripts.partition_lease(keys=[self.keys.named_lease(name)], args=[owner, max(ttl_ms, 1)])
         return bool(int(taken))
+
+    async def holder(self, name: str) -> str | None:
+        with unavailable("leases.holder"):
+            owner = await self.client.get(self.keys.named_lease(name))
+        return None if owner is None else as_text(owner)
 
     async def release(self, name: str, owner: str) -> None:
         with unavailable("leases.release"):
