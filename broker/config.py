@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     #: Static API keys: ``{"<key>": "<tenant>/<subject>"}``. Empty: every caller is the anonymous
     #: principal of tenant ``default``.
     api_keys: dict[str, str] = Field(default_factory=dict)
+    #: Tenants whose static API keys also hold ``console:read``: the operators', who may see every
+    #: tenant's figures on the console (docs/CONSOLE.md). Empty: no static key does.
+    console_tenants: list[str] = Field(default_factory=list)
 
     # -- OAuth 2.1 resource server (docs/OAUTH.md has each setting) -----------------------------
     #: Credentials accepted, a comma list of ``keys`` and ``oauth``; empty: inferred (``auth_methods``).
@@ -401,6 +404,15 @@ class Settings(BaseSettings):
             problem = tenant_problem(tenant)
             if problem:
                 raise ValueError(f'MCP_BROKER_API_KEYS: {problem}; write {{"<key>": "<tenant>/<subject>"}}')
+        return value
+
+    @field_validator("console_tenants")
+    @classmethod
+    def _valid_console_tenants(cls, value: list[str]) -> list[str]:
+        for tenant in value:
+            problem = tenant_problem(tenant)
+            if problem:
+                raise ValueError(f'MCP_BROKER_CONSOLE_TENANTS: {problem}; write a JSON list of tenants, e.g. ["ops"]')
         return value
 
     @field_validator("trusted_proxies")

@@ -21,7 +21,7 @@ The types every verifier needs live in ``broker.auth.identity``, re-exported her
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from broker.auth.identity import (
@@ -72,11 +72,13 @@ class Anonymous:
 class ApiKeys:
     """Static bearer keys, each bound to ``<tenant>/<subject>``: a ``TokenVerifier``."""
 
-    def __init__(self, keys: Mapping[str, str]) -> None:
+    def __init__(self, keys: Mapping[str, str], operators: Collection[str] = ()) -> None:
+        """``operators``: the tenants whose keys also hold ``console:read`` (``MCP_BROKER_CONSOLE_TENANTS``)."""
         self._keys: list[tuple[bytes, Principal]] = []
         for key, binding in keys.items():
             tenant, _, subject = binding.partition("/")
-            self._keys.append((key.encode(), Principal(tenant, subject or "user", OPERATOR_SCOPES)))
+            scopes = OPERATOR_SCOPES if tenant in operators else ALL_SCOPES
+            self._keys.append((key.encode(), Principal(tenant, subject or "user", scopes)))
 
     async def verify(self, token: str) -> Principal | None:
         presented = token.encode()
@@ -161,7 +163,7 @@ def authenticator_for(settings: Settings, stored_keys: TokenVerifier | None = No
         return Anonymous(settings.default_tenant)
     verifiers: list[TokenVerifier] = []
     if "keys" in methods:
-        verifiers.append(ApiKeys(settings.api_keys))
+        verifiers.append(ApiKeys(settings.api_keys, settings.console_tenants))
         if stored_keys is not None:
             verifiers.append(stored_keys)
     metadata = None

@@ -20,10 +20,10 @@ __all__ = ["ALL_SCOPES", "CONSOLE", "OPERATOR_SCOPES", "PEER", "SCOPES", "AuthUn
 SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
 ALL_SCOPES: Final = frozenset(SCOPES)
 #: See the deployment as a whole: the live console and ``mcp-broker status`` (every tenant's figures).
-#: An operator's scope: never a tenant's by default; a static API key, set by whoever runs the
-#: deployment, holds it (``OPERATOR_SCOPES``).
+#: An operator's scope: never a tenant's by default; the static API keys of the tenants named in
+#: ``MCP_BROKER_CONSOLE_TENANTS`` hold it (``OPERATOR_SCOPES``).
 CONSOLE: Final = "console:read"
-#: What a static API key holds: every data scope and the console's.
+#: What a static API key of an operators' tenant holds: every data scope and the console's.
 OPERATOR_SCOPES: Final = ALL_SCOPES | {CONSOLE}
 
 

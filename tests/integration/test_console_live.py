@@ -27,7 +27,7 @@ from tests.integration.test_metrics import Samples, scrape, value, wait_for
 from tests.support import BIN, BrokerProcess, RedisProcess
 
 KEY = "operator-key-for-the-console"
-ENV = {"MCP_BROKER_API_KEYS": json.dumps({KEY: "ops/console"})}
+ENV = {"MCP_BROKER_API_KEYS": json.dumps({KEY: "ops/console"}), "MCP_BROKER_CONSOLE_TENANTS": '["ops"]'}
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: What a figure reads once the page has it; a rate above zero.
 NUMBER = re.compile(r"^[0-9]+$")

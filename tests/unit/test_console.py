@@ -28,6 +28,7 @@ from broker.quotas import Lease
 from broker.runtime import Broker
 from broker.runtime.app import create_app
 
+TENANT_KEY = "a-static-key-of-tenant-acme"
 STATIC_KEY = "console-test-key"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
@@ -116,7 +117,8 @@ async def test_with_authentication_off_a_loopback_name_from_elsewhere_is_refused
         assert (await http.get("/console/state.json")).status_code == 200
 
 
-@pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice"}, "allowed_hosts": ["*"]}], indirect=True)
+@pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice", TENANT_KEY: "acme/carol"},
+                                     "console_tenants": ["ops"], "allowed_hosts": ["*"]}], indirect=True)
 async def test_with_authentication_on_the_figures_need_the_console_scope(broker: Broker) -> None:
     assert broker.keys is not None
     plain = await broker.keys.create("acme", "bob")  # the data scopes only, as every key by default
@@ -125,10 +127,12 @@ async def test_with_authentication_on_the_figures_need_the_console_scope(broker:
         # The page holds no figure: served to a browser, which cannot send a token when it opens it.
         assert (await http.get("/console/")).status_code == 200
         assert (await http.get("/console/state.json")).status_code == 401
-        refused = await http.get("/console/state.json", headers={"Authorization": f"Bearer {plain.key}"})
-        assert refused.status_code == 403
-        assert 'scope="console:read"' in refused.headers["www-authenticate"]
-        for key in (operator.key, STATIC_KEY):  # a static key is the operator's: it holds the scope
+        # Every tenant's figures are an operator's: not a tenant's key, stored or static.
+        for key in (plain.key, TENANT_KEY):
+            refused = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
+            assert refused.status_code == 403
+            assert 'scope="console:read"' in refused.headers["www-authenticate"]
+        for key in (operator.key, STATIC_KEY):  # a static key of MCP_BROKER_CONSOLE_TENANTS holds the scope
             answer = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
             assert answer.status_code == 200 and set(answer.json()["figures"]) == set(FIGURES)
 
