@@ -12,7 +12,8 @@ WORKDIR /app
 
 # The dependencies, in a layer of their own: it is rebuilt only when deploy/constraints.txt (their
 # exact versions) changes, not on every change to the code. A venv, so a Debian python3 (PEP 668)
-# works as well as the official image's.
+# works as well as the official image's. They include the [tracing] extra's (OpenTelemetry's SDK and
+# OTLP/HTTP exporter): the image traces when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/TRACING.md).
 COPY deploy/constraints.txt /opt/constraints.txt
 RUN python3 -m venv /opt/venv && pip install -r /opt/constraints.txt
 

@@ -38,6 +38,7 @@ from broker.config import Settings
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.metrics import NO_METRICS, Gauge, Metrics, TenantCounter, TenantLabels
 from broker.notifications import LIST_CHANGED, changes_list, targets, update_frame
+from broker.tracing import Tracer
 
 __all__ = ["Fanout", "plan"]
 
@@ -88,8 +89,11 @@ class Fanout:
     """
 
     def __init__(self, settings: Settings, backend: Backend, name: str | None = None, *,
-                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None) -> None:
+                 metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None,
+                 tracer: Tracer | None = None) -> None:
+        """``tracer``: a span per change fanned out, whose context its notifications carry (None: tracing is off)."""
         self.settings = settings
+        self.tracer = tracer
         self.changelog = backend.changelog
         self.subscriptions = backend.subscriptions
         self.sessions = backend.sessions
@@ -209,7 +213,8 @@ class Fanout:
         """
         if not batch:
             return
-        work = asyncio.ensure_future(self.process(batch, read_under))
+        work = asyncio.ensure_future(self.process(batch, read_under) if self.tracer is None
+                                     else self._traced(self.tracer, batch, read_under))
         try:
             await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -229,6 +234,16 @@ class Fanout:
             elif not work.cancelled() and work.exception() is not None:
                 logger.warning("fan-out stopped on a failed batch (%s); the next holder redoes it", work.exception())
             raise
+
+    async def _traced(self, tracer: Tracer, batch: Sequence[tuple[str, Change]], read_under: str) -> None:
+        """``process`` in a span per change, each continuing the trace of its publish."""
+        traced, finish = tracer.fanning_out(batch)
+        try:
+            await self.process(traced, read_under)
+        except BaseException as exc:
+            finish(None, exc)
+            raise
+        finish(None, None)
 
     async def _consume(self) -> None:
         settings = self.settings

@@ -16,6 +16,7 @@ Deliberate departures from the specification, each with its reason:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -27,12 +28,14 @@ from broker.backends.types import SessionRecord
 from broker.config import Settings
 from broker.delivery.resumable import RESUMABLE
 from broker.errors import LimitExceeded, NotFound, OverQuota, Refusal, ResourceRefused
+from broker.metrics import NO_METRICS, Histogram, Metrics
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
+from broker.tracing import Finish, Tracer
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]
@@ -67,8 +70,14 @@ class Methods:
     """The request methods of both eras, each a handler from params to result; the one registry of them."""
 
     def __init__(self, settings: Settings, resources: Resources, subscriptions: SubscriptionIndex,
-                 server_info: dict[str, Any], quotas: TenantQuotas | None = None) -> None:
-        """``quotas``: each tenant's ``subscriptions`` quota, a bound per session of the tenant (docs/QUOTAS.md)."""
+                 server_info: dict[str, Any], quotas: TenantQuotas | None = None, *, metrics: Metrics = NO_METRICS,
+                 tracer: Tracer | None = None) -> None:
+        """``quotas``: each tenant's ``subscriptions`` quota, a bound per session of the tenant (docs/QUOTAS.md).
+        ``metrics``: each request's duration, by method; ``tracer``: a span per request (None: tracing is off)."""
+        self._metrics = metrics
+        #: By method: its ``mcp_server_operation_duration_seconds`` child, made at its first request.
+        self._durations: dict[str, Histogram] = {}
+        self.tracer = tracer
         self.settings = settings
         self.quotas = quotas or TenantQuotas()
         self.resources = resources
@@ -114,6 +123,16 @@ class Methods:
             raise self.not_found(call, uri)
 
     # -- dispatch ---------------------------------------------------------------------------
+    def _done(self, method: str, began: float, finish: Finish | None, error: BaseException | None) -> None:
+        """A request was answered: its duration (``mcp.server.operation.duration``) and the end of its span."""
+        histogram = self._durations.get(method)
+        if histogram is None:
+            histogram = self._durations[method] = self._metrics.histogram(
+                "mcp_server_operation_duration_seconds", mcp_method_name=method)
+        histogram.observe(time.perf_counter() - began)
+        if finish is not None:
+            finish(None, error)
+
     async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one request; returns its result. Raises RpcError."""
         known = self.modern_methods if call.modern else LEGACY_METHODS
@@ -123,13 +142,24 @@ class Methods:
         if needed is not None and needed not in call.principal.scopes:
             raise forbidden(method, needed)
         handler = self._handlers[method]
+        began = time.perf_counter()
+        finish = None if self.tracer is None else self.tracer.request(
+            method, params, None if call.session is None else call.session.id)
         try:
             result: dict[str, Any] = await handler(call, params)
-        except (rpc.RpcError, Refusal):  # spelled by the transport
+        except (rpc.RpcError, Refusal) as exc:  # spelled by the transport
+            self._done(method, began, finish, exc)
             raise
         except Exception as exc:  # the method boundary: a provider's bug is an error reply, never a 500
             logger.exception("%s failed", method)
-            raise rpc.RpcError(rpc.INTERNAL_ERROR, "Internal error") from exc
+            error = rpc.RpcError(rpc.INTERNAL_ERROR, "Internal error")
+            self._done(method, began, finish, error)
+            raise error from exc
+        except BaseException as exc:  # cancelled: the span ends, the duration is not an answer's
+            if finish is not None:
+                finish(None, exc)
+            raise
+        self._done(method, began, finish, None)
         if call.modern:
             result["resultType"] = "complete"
             result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.server_info

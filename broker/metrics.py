@@ -38,6 +38,7 @@ __all__ = [
     "Histogram",
     "Instrument",
     "Instruments",
+    "MCP_DURATION_BUCKETS",
     "Metrics",
     "NoMetrics",
     "Sample",
@@ -148,6 +149,12 @@ class Instrument:
     kind: Literal["counter", "gauge", "histogram"]
     help: str
     labels: Sequence[str] = ()
+    #: A histogram's bucket bounds (seconds); empty: the binding's defaults.
+    buckets: Sequence[float] = ()
+
+
+#: The bounds the MCP semantic conventions of OpenTelemetry advise for ``mcp.server.operation.duration``.
+MCP_DURATION_BUCKETS: Final = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 #: Every instrument, by name (Prometheus style: ``_total`` for counters, base units).
@@ -202,6 +209,10 @@ CATALOG: Final[dict[str, Instrument]] = {
     "mcp_broker_tenant_frames_total": Instrument("counter", "Frames fanned out, per tenant (bounded)", ("tenant",)),
     "mcp_broker_http_answers_total": Instrument(
         "counter", "HTTP answers by route and status (a stream counts when it starts)", ("route", "status")),
+    # The MCP semantic conventions' ``mcp.server.operation.duration``, by ``mcp.method.name``.
+    "mcp_server_operation_duration_seconds": Instrument(
+        "histogram", "MCP request duration as observed on the server, from its receipt to its answer, by method",
+        ("mcp_method_name",), MCP_DURATION_BUCKETS),
 }
 
 

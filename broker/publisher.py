@@ -24,6 +24,7 @@ from broker.errors import LogFull, PublishRateLimited, PublishRefused, QuotaExce
 from broker.metrics import NO_METRICS, Counter, Metrics, TenantCounter, TenantLabels
 from broker.quotas import Quotas
 from broker.tenants import tenant_problem
+from broker.tracing import Tracer
 
 __all__ = ["Publisher", "TooManyChanges"]
 
@@ -44,8 +45,10 @@ class Publisher:
 
     def __init__(self, changelog: ChangeLog, rules: ChangeRules, *, default_tenant: str, max_waiting: int,
                  metrics: Metrics = NO_METRICS, tenant_labels: TenantLabels | None = None,
-                 quotas: Quotas | None = None) -> None:
-        """``quotas``: the tenants' ``publish_per_second`` buckets (``broker.quotas``); None: no such quota."""
+                 quotas: Quotas | None = None, tracer: Tracer | None = None) -> None:
+        """``quotas``: the tenants' ``publish_per_second`` buckets (``broker.quotas``); None: no such quota.
+        ``tracer``: a span per change published, whose context the change carries on (None: tracing is off)."""
+        self.tracer = tracer
         self.changelog = changelog
         self.quotas = quotas
         self.rules = rules
@@ -115,12 +118,20 @@ class Publisher:
 
         Raises whatever ``write`` raises; a refusal by the change log is counted as one.
         """
+        finish = None
+        if self.tracer is not None:
+            [change], finish = self.tracer.publishing([change], source)
         try:
             await self._take(change.tenant, 1, source)
             result = await write(change)
-        except PublishRefused as exc:
-            self._refused(exc)
+        except BaseException as exc:
+            if isinstance(exc, PublishRefused):
+                self._refused(exc)
+            if finish is not None:
+                finish(None, exc)
             raise
+        if finish is not None:
+            finish(None, None)
         self._count(source, 1)
         self._per_tenant.inc(change.tenant)
         return result
@@ -147,13 +158,21 @@ class Publisher:
         await self.quotas.take(tenant, count)
 
     async def _append(self, changes: list[Change], source: str) -> list[str]:
+        finish = None
+        if self.tracer is not None:  # the change log keeps each change's publish span as its context
+            changes, finish = self.tracer.publishing(changes, source)
         try:
             if changes:
                 await self._take(changes[0].tenant, len(changes), source)
             ids = await self.changelog.publish_many(changes)
-        except PublishRefused as exc:
-            self._refused(exc)
+        except BaseException as exc:
+            if isinstance(exc, PublishRefused):
+                self._refused(exc)
+            if finish is not None:
+                finish(None, exc)
             raise
+        if finish is not None:
+            finish(ids, None)
         self._count(source, len(ids))
         tenant = changes[0].tenant if changes else ""
         if all(change.tenant == tenant for change in changes):  # one request is one tenant's

@@ -16,6 +16,7 @@ import signal
 from broker.backends import create_backend
 from broker.config import Settings
 from broker.fanout import Fanout
+from broker.runtime import default_tracer
 from broker.runtime.tasks import stop_tasks
 
 __all__ = ["main", "run"]
@@ -31,11 +32,14 @@ async def run(consumers: int = 1, settings: Settings | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(Fanout(settings, backend).run()) for _ in range(consumers)]
+    tracer = default_tracer()  # traces of the changes it fans out, with OTEL_EXPORTER_OTLP_ENDPOINT set
+    tasks = [asyncio.create_task(Fanout(settings, backend, tracer=tracer).run()) for _ in range(consumers)]
     logger.info("fan-out: %d consumer(s) running", consumers)
     await stop.wait()
     await stop_tasks(tasks)
     await backend.close()
+    if tracer is not None:
+        tracer.close()
 
 
 def main(consumers: int = 1) -> int:

@@ -317,6 +317,8 @@ class LegacyStream(Stream):
                 metrics.sent_lists.inc()
         if batch:
             metrics.countdown -= 1  # inline: a method call per write is a measurable share of a frame
+            if metrics.traces is not None:
+                metrics.traces.delivered(self.session.id, [frame.data for _, frame in batch])
             if metrics.countdown <= 0:
                 metrics.countdown = SAMPLE_EVERY
                 # Frames read back from Redis, or woken from another worker, carry no change id

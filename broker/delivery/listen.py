@@ -120,6 +120,8 @@ class Listen(Stream):
                     metrics.sent.inc(len(pending) - 1)
                 else:
                     metrics.sent.inc(len(pending))
+                if metrics.traces is not None:
+                    metrics.traces.delivered(None, pending.values())
                 if self.probe:
                     metrics.latency.observe(max(time.time() - self.probe, 0.0))
                     self.probe = 0.0

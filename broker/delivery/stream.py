@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Final, Protocol
 
 from broker.metrics import Metrics, accepted_at
+from broker.tracing import Tracer
 
 __all__ = ["EndReason", "Stream", "StreamMetrics", "Streams", "Writer"]
 
@@ -93,13 +94,18 @@ SAMPLE_EVERY: Final = 16
 
 
 class StreamMetrics:
-    """The instruments streams of one era report to, made once per process and era."""
+    """The instruments streams of one era report to, made once per process and era, and its tracer.
+
+    ``traces``: told of every notification written (a span for each that carries a trace
+    context), or None when tracing is off: streams test it once per write batch.
+    """
 
     __slots__ = ("_metrics", "countdown", "era", "latency", "open", "replayed", "restored", "resyncs", "sent",
-                 "sent_lists", "takeovers")
+                 "sent_lists", "takeovers", "traces")
 
-    def __init__(self, metrics: Metrics, era: str) -> None:
+    def __init__(self, metrics: Metrics, era: str, traces: Tracer | None = None) -> None:
         self._metrics = metrics
+        self.traces = traces
         self.era = era
         self.open = metrics.gauge("mcp_broker_streams_open", era=era)
         #: Notifications written, by kind: ``updated`` and ``list_changed``.

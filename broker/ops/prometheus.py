@@ -170,6 +170,8 @@ class PrometheusMetrics:
         if spec.kind == "gauge":
             return PromGauge(name, spec.help, labels, registry=self.registry,
                              multiprocess_mode=GAUGE_MODES.get(name, "livesum"))
+        if spec.buckets:
+            return PromHistogram(name, spec.help, labels, registry=self.registry, buckets=spec.buckets)
         return PromHistogram(name, spec.help, labels, registry=self.registry)
 
     def _child(self, kind: str, name: str, labels: dict[str, str]) -> Any:

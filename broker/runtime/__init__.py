@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +46,7 @@ from broker.resources.base import ClosingProvider, PublishingProvider, ResourceP
 from broker.resources.records import Records, RecordsProvider
 from broker.runtime.tasks import stop_tasks
 from broker.sources import ChangeSource, Extension, SourceRunner
+from broker.tracing import Tracer, enabled
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -91,6 +93,16 @@ def _cards_dir() -> str | None:
     return multiprocess_dir()
 
 
+def default_tracer() -> Tracer | None:
+    """The tracer a Broker uses when it is given none: OpenTelemetry over OTLP/HTTP when the standard
+    variables ask for it (``broker.tracing.enabled``), else None, and OpenTelemetry is never imported."""
+    if not enabled(os.environ):
+        return None
+    from broker.ops.tracing import OtelTracer  # the [tracing] extra: opentelemetry-sdk and its OTLP/HTTP exporter
+
+    return OtelTracer(__version__)
+
+
 class CountedSubscriptions:
     """The subscription index as the MCP methods use it, counting each subscription made per tenant.
 
@@ -130,11 +142,15 @@ class Broker:
     """
 
     def __init__(self, settings: Settings | None = None, backend: Backend | None = None, *,
-                 metrics: Instruments | None = None, authenticator: Authenticator | None = None) -> None:
+                 metrics: Instruments | None = None, authenticator: Authenticator | None = None,
+                 tracer: Tracer | None = None) -> None:
         """``metrics``: by default Prometheus (``GET /metrics``), or none with ``settings.metrics`` off;
-        a binding given is completed with the defaults of what it lacks (``broker.metrics.complete``)."""
+        a binding given is completed with the defaults of what it lacks (``broker.metrics.complete``).
+        ``tracer``: by default OpenTelemetry when ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`` is set
+        (``default_tracer``)."""
         self.settings = settings = settings or Settings()
         self.metrics = metrics = default_metrics(settings) if metrics is None else complete(metrics)
+        self.tracer = tracer = default_tracer() if tracer is None else tracer
         #: One per process: a tenant has the same label in every per-tenant counter.
         self.tenant_labels = tenants = TenantLabels(settings.metrics_tenant_limit)
         #: For wiring and tests only: the services below are what the rest of the broker uses.
@@ -148,24 +164,25 @@ class Broker:
         self.quotas = Quotas(backend.quotas, TenantQuotas.from_settings(settings))
         self.publisher = Publisher(backend.changelog, ChangeRules.from_settings(settings),
                                    default_tenant=settings.default_tenant, max_waiting=settings.changelog_tenant_max,
-                                   metrics=metrics, tenant_labels=tenants, quotas=self.quotas)
+                                   metrics=metrics, tenant_labels=tenants, quotas=self.quotas, tracer=tracer)
         self.resources = Resources([RecordsProvider(backend.records)])
         self.records = Records(backend.records, settings, self.publisher)
         self.streams = Streams()
         subscriptions = TenantCounter(metrics, "mcp_broker_tenant_subscriptions_total", tenants)
-        listen_metrics = StreamMetrics(metrics, "modern")
+        listen_metrics = StreamMetrics(metrics, "modern", tracer)
         self.listens = ListenIndex(self.streams, settings.max_listens, {SERVER_INFO_KEY: self.server_info},
                                    listen_metrics, subscriptions, tenant_share(settings, settings.max_listens))
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index = CountedSubscriptions(backend.subscriptions, subscriptions)
-        self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas)
+        self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas, metrics=metrics,
+                               tracer=tracer)
         #: Every feed: 2025 sessions, resumable listens, poll and webhook subscriptions.
         self.feeds = Feeds(backend.sessions, backend.inboxes, index, settings.max_sessions, metrics=metrics,
                            tenant_labels=tenants, quotas=self.quotas.quotas,
                            tenant_max=tenant_share(settings, settings.max_sessions))
         legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
-                                StreamMetrics(metrics, "legacy"), inbox_batch=settings.inbox_batch,
+                                StreamMetrics(metrics, "legacy", tracer), inbox_batch=settings.inbox_batch,
                                 stream_buffer=settings.stream_buffer)
         #: The events extension (experimental): its methods, and this worker's webhook deliveries.
         self.events = Events(settings, self.methods, self.feeds, backend.inboxes, backend.webhooks,
@@ -240,7 +257,8 @@ class Broker:
         if isinstance(self.authenticator, Lifecycle):
             await self.authenticator.start()  # OAuth fetches its authorization server's keys, in the background
         if self.settings.embedded_fanout:
-            self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels)
+            self.fanout = Fanout(self.settings, self.backend, metrics=self.metrics, tenant_labels=self.tenant_labels,
+                                 tracer=self.tracer)
             self._tasks.append(asyncio.create_task(self.fanout.run(), name="fanout"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="session-expiry"))
         self._tasks.append(asyncio.create_task(self.quotas.run(), name="quota-leases"))
@@ -280,6 +298,8 @@ class Broker:
         finally:
             self.started = False
         self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.ops.prometheus)
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.close)  # the spans not yet exported leave now
 
     def _consumer_name(self) -> str | None:
         return None if self.fanout is None else self.fanout.name

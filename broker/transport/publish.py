@@ -11,11 +11,16 @@ has ``changelog_tenant_max`` changes not yet delivered, or publishes faster than
 the change log is full). A 202 means every change of the request passed ``ChangeRules`` and is
 in the change log; one refused change refuses the request, and none of it is published (a 429
 or 503 from the change log's bounds too).
+
+A W3C ``traceparent`` header (with its ``tracestate``) is the trace context of every change of
+the request that has none in its ``meta``: it goes into that ``meta``, so the change log, fan-out
+and every notification of the change carry it (``broker.tracing``). An invalid one is ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,6 +30,7 @@ from broker.auth import scopes
 from broker.changes import ForeignNamespace, InvalidChange
 from broker.errors import Refusal
 from broker.publisher import Publisher, TooManyChanges
+from broker.tracing import TRACEPARENT, header_context
 from broker.transport.edge import BadBody, detail, json_response, principal_of, read_json, refused
 
 __all__ = ["ChangesEndpoint"]
@@ -48,6 +54,9 @@ class ChangesEndpoint:
         tenant = caller.tenant
         try:
             items = await read_json(request, self.max_body_bytes)
+            context = header_context(request.headers.get("traceparent"), request.headers.get("tracestate"))
+            if context is not None:
+                items = [_traced(i, context) for i in items] if isinstance(items, list) else _traced(items, context)
             ids = await self.publisher.publish_items(tenant, items, source="http")
         except BadBody as exc:
             return detail(exc.status, exc.message)
@@ -60,3 +69,15 @@ class ChangesEndpoint:
         except Refusal as exc:  # an outage, the change log's bounds, the tenant's publish rate: edge.REST_STATUS
             return refused(exc)
         return json_response({"ids": ids}, 202)
+
+
+def _traced(item: Any, context: dict[str, str]) -> Any:
+    """A change as given, with the request's trace ``context`` in its ``meta`` unless it has its own."""
+    if not isinstance(item, dict):
+        return item  # refused as it is by the publisher
+    meta = item.get("meta")
+    if meta is None:
+        return {**item, "meta": dict(context)}
+    if isinstance(meta, dict) and TRACEPARENT not in meta:
+        return {**item, "meta": {**context, **meta}}
+    return item

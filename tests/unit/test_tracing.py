@@ -1,0 +1,45 @@
+"""When tracing is on, and which trace context a publish request carries into its changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.runtime import default_tracer
+from broker.tracing import enabled, header_context
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(("environ", "on"), [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+])
+def test_tracing_is_on_exactly_when_an_otlp_endpoint_is_set_and_not_disabled(environ: dict[str, str],
+                                                                               on: bool) -> None:
+    assert enabled(environ) is on
+
+
+def test_without_an_endpoint_a_broker_has_no_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    assert default_tracer() is None
+
+
+def test_a_valid_traceparent_header_becomes_the_changes_context_with_its_tracestate() -> None:
+    assert header_context(PARENT, "vendor=abc") == {"traceparent": PARENT, "tracestate": "vendor=abc"}
+    assert header_context(PARENT.upper(), None) == {"traceparent": PARENT}
+
+
+@pytest.mark.parametrize("value", [
+    "", "garbage", PARENT.replace("00-", "ff-", 1), PARENT[:-1],
+    "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # a zero trace id
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # a zero parent id
+    "00-0af7651916cd43dd8448eb211c80319g-b7ad6b7169203331-01",  # not hex
+])
+def test_an_invalid_traceparent_header_is_ignored(value: str) -> None:
+    assert header_context(value, "vendor=abc") is None
+    assert header_context(None, None) is None
