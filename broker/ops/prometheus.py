@@ -17,6 +17,9 @@ ran (so a restarted worker's counts are not lost); each gauge is merged by the m
 fits what it measures (``GAUGE_MODES``). A worker that exits should have its live gauges
 dropped (``process_exited``); a worker that stops cleanly does that itself (``close``).
 A single process needs no directory: its values live in its memory.
+
+Beside the catalog, each worker's process and Python runtime figures (memory, CPU, descriptors,
+GC): prometheus_client's collectors, per worker in either mode (``broker.ops.process_metrics``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from broker.metrics import CATALOG, Counter, Gauge, Histogram, Instrument, Sample, sample_periodically
+from broker.ops.process_metrics import RECORD_EVERY, WorkerFigures, register
 
 __all__ = ["CONTENT_TYPE", "ENV", "GAUGE_MODES", "PrometheusMetrics", "multiprocess_dir", "prepare_processes",
            "process_exited"]
@@ -162,6 +166,13 @@ class PrometheusMetrics:
         self._multiprocess = multiprocess_dir()
         for name, spec in catalog.items():
             self._instruments[name] = self._make(name, spec)
+        #: This worker's process figures, copied where every worker's are merged; None: read at each scrape.
+        self._worker: WorkerFigures | None = None
+        if self._multiprocess is None:
+            register(self.registry)
+        else:
+            self._worker = WorkerFigures(self.registry)
+            self._worker.record()
 
     def _make(self, name: str, spec: Instrument) -> Any:
         labels = tuple(spec.labels)
@@ -202,12 +213,25 @@ class PrometheusMetrics:
         return child
 
     async def sample_every(self, seconds: float, sample: Sample) -> None:
-        await sample_periodically(seconds, sample)
+        worker = self._worker
+        if worker is None:
+            await sample_periodically(seconds, sample)
+            return
+
+        async def and_the_workers_figures() -> None:
+            # Every periodic round of a worker also records its process figures (at most once a
+            # second over all rounds), so a scrape answered by another worker shows them fresh.
+            await sample()
+            worker.record(at_most_every=RECORD_EVERY)
+
+        await sample_periodically(seconds, and_the_workers_figures)
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type: of every worker process in multiprocess mode."""
         if self._multiprocess is None:
             return generate_latest(self.registry), CONTENT_TYPE
+        if self._worker is not None:
+            self._worker.record()  # this worker's own figures, as of now
         merged = CollectorRegistry()
         MultiProcessCollector(merged, path=self._multiprocess)  # type: ignore[no-untyped-call]
         return generate_latest(merged), CONTENT_TYPE

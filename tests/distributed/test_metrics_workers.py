@@ -84,6 +84,14 @@ async def test_serve_workers_2_answers_every_scrape_for_both_processes() -> None
                 assert value(samples, "mcp_broker_notifications_sent_total", era="legacy", kind="updated") == changes
                 assert value(samples, "mcp_broker_http_answers_total", route="changes", status="202") == changes
                 assert value(samples, "mcp_broker_streams_open", era="legacy") == 1  # livesum over both
+                # Each worker's process and runtime figures, told apart by its pid, whichever answered.
+                for pid in (worker.pid for worker in workers):
+                    assert value(samples, "process_resident_memory_bytes", pid=str(pid)) > 10_000_000
+                    assert value(samples, "process_open_fds", pid=str(pid)) > 0
+                    assert value(samples, "python_gc_collections_total", generation="0", pid=str(pid)) > 0
+                # Requests are timed on both, the counts summed.
+                assert value(samples, "mcp_server_operation_duration_seconds_count",
+                             mcp_method_name="resources/subscribe") == 1
             # The answers to the scrapes themselves are counted too, by whichever process answered:
             # the last scrape sees the seven before it.
             assert value(scrapes[-1], "mcp_broker_http_answers_total", route="metrics", status="200") == 7

@@ -118,6 +118,35 @@ async def test_every_catalog_instrument_is_exposed_from_the_start(broker: Broker
         assert name.removesuffix("_total") in names, name
 
 
+async def test_a_scrape_shows_the_process_and_python_runtime_of_the_worker(broker: BrokerProcess) -> None:
+    samples = scrape(broker.url)
+    assert value(samples, "process_resident_memory_bytes") > 10_000_000  # a Python worker holds more than 10 MB
+    assert value(samples, "process_open_fds") > 0
+    assert value(samples, "process_max_fds") >= value(samples, "process_open_fds")
+    assert value(samples, "process_cpu_seconds_total") > 0
+    assert value(samples, "python_gc_collections_total", generation="0") > 0
+    assert any(name == "python_info" for name, _ in samples)
+
+
+async def test_every_mcp_request_is_timed_by_method_as_the_mcp_conventions_name_it(broker: BrokerProcess) -> None:
+    before = scrape(broker.url)
+    async with httpx.AsyncClient(base_url=broker.url, timeout=10) as http:
+        mcp = await McpSession(http).initialize()
+        await mcp.subscribe("https://example.com/timed")
+        for _ in range(3):
+            await mcp.result("ping")
+    after = scrape(broker.url)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("mcp_server_operation_duration_seconds_count", mcp_method_name="ping") == 3
+    assert grew("mcp_server_operation_duration_seconds_count", mcp_method_name="resources/subscribe") == 1
+    # The buckets the conventions advise, from 10 ms to 5 minutes: a ping answers within the first.
+    assert grew("mcp_server_operation_duration_seconds_bucket", mcp_method_name="ping", le="0.01") == 3
+    assert grew("mcp_server_operation_duration_seconds_bucket", mcp_method_name="ping", le="300.0") == 3
+
+
 async def test_the_fanout_holder_reports_its_lease_and_an_empty_lag(broker: BrokerProcess) -> None:
     await wait_for(lambda: value(scrape(broker.url), "mcp_broker_fanout_leases_held") == 1, "the lease report")
     samples = scrape(broker.url)
