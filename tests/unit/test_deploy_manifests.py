@@ -4,8 +4,8 @@ deploy/kubernetes: every manifest validates against the Kubernetes API schemas o
 version (kubernetes-validate ships them), the kustomization lists each of them, the probes and
 the shutdown timings fit what the broker does on SIGTERM, and every ``MCP_BROKER_*`` name is a
 setting (any other stops the broker at start). deploy/grafana and deploy/prometheus: every
-metric they query is in ``broker.metrics.CATALOG``, with its labels, and the rules file has the
-shape Prometheus loads. No network, no cluster.
+metric they query is in ``broker.metrics.CATALOG`` or is a worker's process figure (``RUNTIME``),
+with its labels, and the rules file has the shape Prometheus loads. No network, no cluster.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from broker.config import Settings
-from broker.metrics import CATALOG
+from broker.metrics import CATALOG, Instrument
+from broker.ops.prometheus import PrometheusMetrics
 from tests.support import ROOT
 
 #: The Kubernetes version the manifests are validated against (strict: unknown fields fail).
@@ -44,6 +45,20 @@ SETTING_NAME = re.compile(r"MCP_BROKER_[A-Z0-9_]+")
 #: Labels Prometheus adds to every scraped series (and the usual Kubernetes relabelings).
 TARGET_LABELS = {"job", "instance", "namespace", "pod"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+#: The process and runtime figures of prometheus_client's collectors (``broker.ops.process_metrics``);
+#: ``pid`` tells the workers of ``serve --workers N`` apart.
+RUNTIME = {
+    "process_resident_memory_bytes": Instrument("gauge", "", ("pid",)),
+    "process_virtual_memory_bytes": Instrument("gauge", "", ("pid",)),
+    "process_cpu_seconds_total": Instrument("counter", "", ("pid",)),
+    "process_open_fds": Instrument("gauge", "", ("pid",)),
+    "process_max_fds": Instrument("gauge", "", ("pid",)),
+    "process_start_time_seconds": Instrument("gauge", "", ("pid",)),
+    "python_gc_collections_total": Instrument("counter", "", ("generation", "pid")),
+    "python_gc_objects_collected_total": Instrument("counter", "", ("generation", "pid")),
+    "python_gc_objects_uncollectable_total": Instrument("counter", "", ("generation", "pid")),
+}
+KNOWN = {**CATALOG, **RUNTIME}
 
 
 # -- loading ---------------------------------------------------------------------------------------------
@@ -287,18 +302,18 @@ def rules() -> list[dict[str, Any]]:
 
 
 def base_name(metric: str) -> str:
-    """The CATALOG name a series belongs to (a histogram's _bucket, _sum and _count are its own)."""
-    if metric in CATALOG:
+    """The CATALOG or RUNTIME name a series belongs to (a histogram's _bucket, _sum and _count are its own)."""
+    if metric in KNOWN:
         return metric
     for suffix in HISTOGRAM_SUFFIXES:
         base = metric.removesuffix(suffix)
-        if base != metric and base in CATALOG and CATALOG[base].kind == "histogram":
+        if base != metric and base in KNOWN and KNOWN[base].kind == "histogram":
             return base
-    raise AssertionError(f"{metric} is not in broker.metrics.CATALOG")
+    raise AssertionError(f"{metric} is not in broker.metrics.CATALOG nor a process figure")
 
 
 def check_expr(expr: str) -> set[str]:
-    """The CATALOG names ``expr`` uses, after checking their names, labels and functions."""
+    """The CATALOG and RUNTIME names ``expr`` uses, after checking their names, labels and functions."""
     pairs = {"(": ")", "[": "]", "{": "}"}
     depth: list[str] = []
     for char in re.sub(r'"[^"]*"', '""', expr):
@@ -308,11 +323,11 @@ def check_expr(expr: str) -> set[str]:
             assert depth and depth.pop() == char, f"unbalanced {char!r} in {expr!r}"
     assert not depth, f"unclosed {depth} in {expr!r}"
     used: set[str] = set()
-    for match in re.finditer(r"\b(mcp_broker_[a-z0-9_]+)(\{[^}]*\})?", expr):
+    for match in re.finditer(r"\b((?:mcp_broker|mcp_server|process|python_gc)_[a-z0-9_]+)(\{[^}]*\})?", expr):
         metric, selector = match.group(1), match.group(2) or ""
         base = base_name(metric)
         used.add(base)
-        instrument = CATALOG[base]
+        instrument = KNOWN[base]
         assert not (instrument.kind == "histogram" and metric == base), f"{metric}: query _bucket, _sum or _count"
         if instrument.kind == "counter" or metric != base:
             before = expr[:match.start()].rstrip()
@@ -320,7 +335,7 @@ def check_expr(expr: str) -> set[str]:
         allowed = set(instrument.labels) | TARGET_LABELS | ({"le"} if metric.endswith("_bucket") else set())
         for label in re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", selector):
             assert label in allowed, f"{metric} has no label {label!r} (it has {sorted(instrument.labels)})"
-    known = TARGET_LABELS | {label for base in used for label in CATALOG[base].labels}
+    known = TARGET_LABELS | {label for base in used for label in KNOWN[base].labels}
     if re.search(r"_bucket\b", expr):
         known.add("le")
     for group in re.findall(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", expr):
@@ -345,6 +360,12 @@ def test_dashboard_queries_only_catalog_metrics() -> None:
             base_name(metric)
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids)) and dashboard["uid"]
+
+
+def test_the_process_figures_the_deploy_files_may_query_are_exposed() -> None:
+    text = PrometheusMetrics().render()[0].decode()
+    for name in RUNTIME:
+        assert f"\n{name}" in text or f"\n{name}{{" in text or text.startswith(name), name
 
 
 def test_rules_have_the_shape_prometheus_loads() -> None:
