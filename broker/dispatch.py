@@ -228,7 +228,7 @@ class Dispatcher:
         """
         assert msg.method is not None and msg.id is not None
         check_meta(msg, header)
-        call = Call(principal, True)
+        call = Call(principal, True, header=header)
         if msg.method == "subscriptions/listen":
             if self.resumables is not None and wants_resumable(msg.params):
                 return await self.resumable_listen(call, msg, header)

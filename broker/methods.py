@@ -61,6 +61,9 @@ class Call:
     principal: Principal
     modern: bool
     session: SessionRecord | None = None
+    #: The request's HTTP headers, looked up by lower-case name (None on stdio): a tracer reads the
+    #: W3C ``traceparent`` there when ``params._meta`` has none.
+    header: Callable[[str], str | None] | None = None
 
 
 Handler = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -144,7 +147,7 @@ class Methods:
         handler = self._handlers[method]
         began = time.perf_counter()
         finish = None if self.tracer is None else self.tracer.request(
-            method, params, None if call.session is None else call.session.id)
+            method, params, None if call.session is None else call.session.id, call.header)
         try:
             result: dict[str, Any] = await handler(call, params)
         except (rpc.RpcError, Refusal) as exc:  # spelled by the transport

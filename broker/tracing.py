@@ -88,8 +88,10 @@ class Tracer(Protocol):
     def delivered(self, session_id: str | None, frames: Iterable[bytes]) -> None:
         """Notifications were just written to a client: a span for each that carries a trace context."""
 
-    def request(self, method: str, params: dict[str, Any], session_id: str | None) -> Finish:
-        """An MCP request begins (its span, child of the context in ``params._meta``); what ends it."""
+    def request(self, method: str, params: dict[str, Any], session_id: str | None,
+                header: Callable[[str], str | None] | None = None) -> Finish:
+        """An MCP request begins (its span, child of the context in ``params._meta``, else of its W3C
+        ``traceparent`` header, looked up with ``header``); what ends it."""
 
     def close(self) -> None:
         """Export what is left and stop (the worker stops)."""

@@ -26,7 +26,7 @@ it is the ``mcp.resource.uri`` attribute.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -42,7 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from broker.changes import Change
 from broker.protocol.jsonrpc import RpcError
-from broker.tracing import CONTEXT_KEYS, TRACEPARENT, Finish
+from broker.tracing import CONTEXT_KEYS, TRACEPARENT, TRACESTATE, Finish, header_context
 
 __all__ = ["OtelTracer"]
 
@@ -134,15 +134,18 @@ class OtelTracer:
                 attributes["mcp.resource.uri"] = params["uri"]
             self._tracer.start_span(method, _parent(params.get("_meta")), SpanKind.CLIENT, attributes).end()
 
-    def request(self, method: str, params: dict[str, Any], session_id: str | None) -> Finish:
+    def request(self, method: str, params: dict[str, Any], session_id: str | None,
+                header: Callable[[str], str | None] | None = None) -> Finish:
         attributes: dict[str, Any] = {"mcp.method.name": method}
         if session_id is not None:
             attributes["mcp.session.id"] = session_id
         if isinstance(params.get("uri"), str):
             attributes["mcp.resource.uri"] = params["uri"]
         meta = params.get("_meta")
-        span = self._tracer.start_span(method, _parent(meta if isinstance(meta, dict) else None), SpanKind.SERVER,
-                                       attributes)
+        parent = _parent(meta if isinstance(meta, dict) else None)
+        if parent is None and header is not None:
+            parent = _parent(header_context(header(TRACEPARENT), header(TRACESTATE)))
+        span = self._tracer.start_span(method, parent, SpanKind.SERVER, attributes)
 
         def finish(ids: Sequence[str] | None, error: BaseException | None) -> None:
             if error is not None:

@@ -149,7 +149,7 @@ class McpEndpoint:
                 self.dispatcher.check_batch(obj)  # before the session: a refused batch touches nothing
             except rpc.RpcError as exc:
                 return rpc_error(exc)
-            call = Call(principal, False, await self._session(request, principal))
+            call = Call(principal, False, await self._session(request, principal), request.headers.get)
             try:
                 body = await self.dispatcher.batch(call, obj)
             except rpc.RpcError as exc:
@@ -165,8 +165,8 @@ class McpEndpoint:
         if msg.is_request and (refused := self.dispatcher.refusal(principal, msg.method)) is not None:
             return self._error(refused, msg.id)
         try:
-            reply = await self.dispatcher.legacy(Call(principal, False, await self._session(request, principal)), msg,
-                                                 whole=True)
+            call = Call(principal, False, await self._session(request, principal), request.headers.get)
+            reply = await self.dispatcher.legacy(call, msg, whole=True)
         except (rpc.RpcError, Refusal) as exc:  # e.g. a quota's refusal: 429 with Retry-After
             return rpc_error(exc, msg.id)
         return Response(status_code=202) if reply is None else json_response(reply)
