@@ -39,7 +39,7 @@ async def run(consumers: int = 1, settings: Settings | None = None) -> None:
     await stop_tasks(tasks)
     await backend.close()
     if tracer is not None:
-        tracer.close()
+        await asyncio.to_thread(tracer.close)  # the spans not yet exported leave now
 
 
 def main(consumers: int = 1) -> int:
