@@ -243,6 +243,25 @@ def _provider_problems(settings: Settings) -> list[str]:
     return problems
 
 
+def _tracing_problems() -> list[str]:
+    """A line when an OTLP endpoint asks for traces that the installed packages cannot export."""
+    import importlib.util
+
+    from broker.tracing import enabled
+
+    if not enabled(os.environ):
+        return []
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            return ["OTEL_EXPORTER_OTLP_ENDPOINT asks for traces, but OpenTelemetry's SDK and OTLP/HTTP exporter "
+                    "are not installed: pip install 'mcp-broker[tracing]' (docs/TRACING.md)"]
+    return []
+
+
 #: What a JSON setting looks like, for the line that says one is not JSON.
 _JSON_EXAMPLES = {
     "MCP_BROKER_API_KEYS": ', e.g. \'{"k3y": "acme/alice"}\'',
@@ -384,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     if not problems and args.command in ("serve", "stdio", "config"):  # the commands that load the providers
         from broker.config import Settings
 
-        problems = _provider_problems(Settings())
+        problems = _provider_problems(Settings()) + _tracing_problems()
     if problems:
         _say_bad(problems)
         return 2

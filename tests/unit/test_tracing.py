@@ -43,3 +43,20 @@ def test_a_valid_traceparent_header_becomes_the_changes_context_with_its_tracest
 def test_an_invalid_traceparent_header_is_ignored(value: str) -> None:
     assert header_context(value, "vendor=abc") is None
     assert header_context(None, None) is None
+
+
+def test_an_endpoint_without_the_tracing_extra_installed_stops_the_command_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from broker.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.startswith("opentelemetry") else real(name, *args))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    assert main(["config", "check"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["mcp-broker: bad setting, not started: OTEL_EXPORTER_OTLP_ENDPOINT asks for traces, but "
+                     "OpenTelemetry's SDK and OTLP/HTTP exporter are not installed: pip install "
+                     "'mcp-broker[tracing]' (docs/TRACING.md)"]
