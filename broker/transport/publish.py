@@ -54,8 +54,8 @@ class ChangesEndpoint:
         tenant = caller.tenant
         try:
             items = await read_json(request, self.max_body_bytes)
-            context = header_context(request.headers.get("traceparent"), request.headers.get("tracestate"))
-            if context is not None:
+            traceparent = request.headers.get("traceparent")
+            if traceparent is not None and (context := header_context(traceparent, request.headers.get("tracestate"))):
                 items = [_traced(i, context) for i in items] if isinstance(items, list) else _traced(items, context)
             ids = await self.publisher.publish_items(tenant, items, source="http")
         except BadBody as exc:
