@@ -66,8 +66,9 @@ class Dispatcher:
         return self.streams.streams.closing
 
     # -- 2025 (sessions) --------------------------------------------------------------------
-    async def initialize(self, principal: Principal, msg: Message) -> tuple[bytes, SessionRecord]:
-        """Start a session; the reply and the new session.
+    async def initialize(self, principal: Principal, msg: Message,
+                         header: Callable[[str], str | None] | None = None) -> tuple[bytes, SessionRecord]:
+        """Start a session; the reply and the new session. ``header``: the HTTP request's headers (a tracer's).
 
         Raises:
             RpcError: -32600 when it is not a request; -32602 for bad params.
@@ -75,9 +76,15 @@ class Dispatcher:
         """
         if not msg.is_request:
             raise rpc.RpcError(rpc.INVALID_REQUEST, "initialize must be a request")
-        version, client_info, caps = self.methods.initialize(msg.params)
-        record = await self.feeds.create(principal, FeedKind.SESSION, version=version, client_info=client_info,
-                                         capabilities=caps)
+        done = self.methods.begin("initialize", msg.params, header=header)
+        try:
+            version, client_info, caps = self.methods.initialize(msg.params)
+            record = await self.feeds.create(principal, FeedKind.SESSION, version=version, client_info=client_info,
+                                             capabilities=caps)
+        except BaseException as exc:
+            done(exc)
+            raise
+        done(None)
         return rpc.encode_result(msg.id, self.methods.initialize_result(version)), record
 
     async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:

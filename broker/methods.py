@@ -126,15 +126,25 @@ class Methods:
             raise self.not_found(call, uri)
 
     # -- dispatch ---------------------------------------------------------------------------
-    def _done(self, method: str, began: float, finish: Finish | None, error: BaseException | None) -> None:
-        """A request was answered: its duration (``mcp.server.operation.duration``) and the end of its span."""
-        histogram = self._durations.get(method)
-        if histogram is None:
-            histogram = self._durations[method] = self._metrics.histogram(
-                "mcp_server_operation_duration_seconds", mcp_method_name=method)
-        histogram.observe(time.perf_counter() - began)
-        if finish is not None:
-            finish(None, error)
+    def begin(self, method: str, params: dict[str, Any], session_id: str | None = None,
+              header: Callable[[str], str | None] | None = None) -> Callable[[BaseException | None], None]:
+        """A request of ``method`` begins (its span, with tracing on); what to call once it is answered,
+        with its error if any: its duration (``mcp.server.operation.duration``) and the end of its span.
+        A request cancelled before its answer ends its span but has no duration."""
+        began = time.perf_counter()
+        finish: Finish | None = None if self.tracer is None else self.tracer.request(method, params, session_id, header)
+
+        def done(error: BaseException | None) -> None:
+            if error is None or isinstance(error, Exception):
+                histogram = self._durations.get(method)
+                if histogram is None:
+                    histogram = self._durations[method] = self._metrics.histogram(
+                        "mcp_server_operation_duration_seconds", mcp_method_name=method)
+                histogram.observe(time.perf_counter() - began)
+            if finish is not None:
+                finish(None, error)
+
+        return done
 
     async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one request; returns its result. Raises RpcError."""
@@ -145,24 +155,21 @@ class Methods:
         if needed is not None and needed not in call.principal.scopes:
             raise forbidden(method, needed)
         handler = self._handlers[method]
-        began = time.perf_counter()
-        finish = None if self.tracer is None else self.tracer.request(
-            method, params, None if call.session is None else call.session.id, call.header)
+        done = self.begin(method, params, None if call.session is None else call.session.id, call.header)
         try:
             result: dict[str, Any] = await handler(call, params)
         except (rpc.RpcError, Refusal) as exc:  # spelled by the transport
-            self._done(method, began, finish, exc)
+            done(exc)
             raise
         except Exception as exc:  # the method boundary: a provider's bug is an error reply, never a 500
             logger.exception("%s failed", method)
             error = rpc.RpcError(rpc.INTERNAL_ERROR, "Internal error")
-            self._done(method, began, finish, error)
+            done(error)
             raise error from exc
-        except BaseException as exc:  # cancelled: the span ends, the duration is not an answer's
-            if finish is not None:
-                finish(None, exc)
+        except BaseException as exc:  # cancelled
+            done(exc)
             raise
-        self._done(method, began, finish, None)
+        done(None)
         if call.modern:
             result["resultType"] = "complete"
             result.setdefault("_meta", {})[SERVER_INFO_KEY] = self.server_info

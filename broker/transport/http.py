@@ -158,7 +158,7 @@ class McpEndpoint:
         msg = _parse(obj)
         if msg.method == "initialize":
             try:
-                body, record = await self.dispatcher.initialize(principal, msg)
+                body, record = await self.dispatcher.initialize(principal, msg, request.headers.get)
             except (rpc.RpcError, Refusal) as exc:
                 return rpc_error(exc, msg.id)
             return json_response(body, headers={"Mcp-Session-Id": record.id})

@@ -142,6 +142,7 @@ async def test_every_mcp_request_is_timed_by_method_as_the_mcp_conventions_name_
 
     assert grew("mcp_server_operation_duration_seconds_count", mcp_method_name="ping") == 3
     assert grew("mcp_server_operation_duration_seconds_count", mcp_method_name="resources/subscribe") == 1
+    assert grew("mcp_server_operation_duration_seconds_count", mcp_method_name="initialize") == 1
     # The buckets the conventions advise, from 10 ms to 5 minutes: a ping answers within the first.
     assert grew("mcp_server_operation_duration_seconds_bucket", mcp_method_name="ping", le="0.01") == 3
     assert grew("mcp_server_operation_duration_seconds_bucket", mcp_method_name="ping", le="300.0") == 3
