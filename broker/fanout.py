@@ -38,7 +38,7 @@ from broker.config import Settings
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.metrics import NO_METRICS, Gauge, Metrics, TenantCounter, TenantLabels
 from broker.notifications import LIST_CHANGED, changes_list, targets, update_frame
-from broker.tracing import Tracer
+from broker.ops.tracing import Tracer
 
 __all__ = ["Fanout", "plan"]
 

@@ -29,13 +29,13 @@ from broker.config import Settings
 from broker.delivery.resumable import RESUMABLE
 from broker.errors import LimitExceeded, NotFound, OverQuota, Refusal, ResourceRefused
 from broker.metrics import NO_METRICS, Histogram, Metrics
+from broker.ops.tracing import Finish, Tracer
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
 from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
-from broker.tracing import Finish, Tracer
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]

@@ -22,9 +22,9 @@ from broker.backends.base import ChangeLog
 from broker.changes import Change, ChangeKind, ChangeRules, InvalidChange
 from broker.errors import LogFull, PublishRateLimited, PublishRefused, QuotaExceeded
 from broker.metrics import NO_METRICS, Counter, Metrics, TenantCounter, TenantLabels
+from broker.ops.tracing import Tracer
 from broker.quotas import Quotas
 from broker.tenants import tenant_problem
-from broker.tracing import Tracer
 
 __all__ = ["Publisher", "TooManyChanges"]
 

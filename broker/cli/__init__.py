@@ -247,7 +247,7 @@ def _tracing_problems() -> list[str]:
     """A line when an OTLP endpoint asks for traces that the installed packages cannot export."""
     import importlib.util
 
-    from broker.tracing import enabled
+    from broker.ops.tracing import enabled
 
     if not enabled(os.environ):
         return []

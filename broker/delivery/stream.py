@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Final, Protocol
 
 from broker.metrics import Metrics, accepted_at
-from broker.tracing import Tracer
+from broker.ops.tracing import Tracer
 
 __all__ = ["EndReason", "Stream", "StreamMetrics", "Streams", "Writer"]
 

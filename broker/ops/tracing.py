@@ -1,158 +1,97 @@
-"""OpenTelemetry traces over OTLP/HTTP: the ``Tracer`` of ``broker.tracing`` when tracing is on.
+"""The tracing seam: where a change's trace context travels, and the hooks a tracer is called at.
 
-Imported only when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
-set (``broker.tracing.enabled``): a broker without them never imports OpenTelemetry. The SDK
-reads the standard ``OTEL_*`` variables itself: the endpoint, headers, timeout and compression
-of the exporter, the sampler (``OTEL_TRACES_SAMPLER``, parent-based by default), the batch
-processor's delays and sizes (``OTEL_BSP_*``), the resource (``OTEL_SERVICE_NAME``,
-``OTEL_RESOURCE_ATTRIBUTES``; ``service.name`` is ``mcp-broker`` unless they name it).
+A change's W3C trace context (``traceparent``, ``tracestate``) travels in its ``meta``: a producer
+puts it there, or sends a ``traceparent`` header with ``POST /changes`` (``header_context``), and
+the change log, fan-out on any worker and every notification of the change carry it on, in the
+notification's ``params._meta`` as the MCP semantic conventions of OpenTelemetry propagate it.
+That costs nothing more than any other ``meta`` key, with tracing on or off.
 
-Spans, as the MCP semantic conventions of OpenTelemetry name them where they cover the step:
-
-* ``publish`` (producer): a change appended to the change log, child of the context the
-  producer gave (``meta``, or the ``traceparent`` header of ``POST /changes``);
-* ``fanout`` (consumer): the change fanned out, on whichever worker holds its partition, child of
-  the publish span, whose context the change log carried;
-* ``notifications/resources/updated`` and ``notifications/resources/list_changed`` (client, the
-  server-initiated side in the conventions): the notification written to a client, with
-  ``mcp.session.id``, child of the fan-out span, whose context the notification carries in
-  ``params._meta.traceparent``;
-* ``{mcp.method.name}`` (server): an MCP request, child of the context in its ``params._meta``.
-
-Span names leave the resource URI out (the conventions advise against high-cardinality names);
-it is the ``mcp.resource.uri`` attribute.
+Spans are made by a ``Tracer`` only when tracing is on (``broker.ops.otel``, which imports
+OpenTelemetry; nothing here does). Components hold ``Tracer | None`` and test it once per
+publish, batch or write, so with tracing off the hot path runs no tracing code at all.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
-from typing import Any, Final
-
-import orjson
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from typing import Any, Final, Protocol
 
 from broker.changes import Change
-from broker.protocol.jsonrpc import RpcError
-from broker.tracing import CONTEXT_KEYS, TRACEPARENT, TRACESTATE, Finish, header_context
 
-__all__ = ["OtelTracer"]
+__all__ = ["CONTEXT_KEYS", "ENDPOINT_VARIABLES", "TRACEPARENT", "TRACESTATE", "Finish", "Tracer", "enabled",
+           "header_context", "valid_traceparent"]
 
-_PROPAGATOR: Final = TraceContextTextMapPropagator()
-_MARK: Final = b'"' + TRACEPARENT.encode() + b'"'
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+#: The keys of a change's ``meta`` (and of a notification's ``_meta``) that hold its trace context.
+CONTEXT_KEYS: Final = (TRACEPARENT, TRACESTATE)
+
+#: Tracing is on when one of them is set (the standard variables of OpenTelemetry's OTLP exporter).
+ENDPOINT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+_HEX: Final = frozenset("0123456789abcdef")
+#: A tracestate longer than this is dropped rather than stored with every change (W3C: 32 members, 512 is usual).
+MAX_TRACESTATE: Final = 512
+
+#: Ends the spans of one step; given the ids of the changes published (or None) and the error, if any.
+Finish = Callable[[Sequence[str] | None, BaseException | None], None]
 
 
-def _parent(meta: Mapping[str, Any] | None) -> Context | None:
-    """The context a change's ``meta`` (or a message's ``_meta``) carries; None without one."""
-    if not meta or TRACEPARENT not in meta:
+def enabled(environ: Mapping[str, str]) -> bool:
+    """Is tracing on: an OTLP endpoint set, and neither ``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none``?"""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
+
+
+def valid_traceparent(value: str) -> bool:
+    """Is ``value`` a W3C ``traceparent`` of version 00 with a trace id and a parent id that are not zero?"""
+    parts = value.split("-")
+    if len(value) != 55 or len(parts) != 4 or parts[0] != "00":
+        return False
+    version, trace_id, parent_id, flags = parts
+    return (len(trace_id) == 32 and len(parent_id) == 16 and len(flags) == 2
+            and set(value.replace("-", "")) <= _HEX
+            and trace_id != "0" * 32 and parent_id != "0" * 16)
+
+
+def header_context(traceparent: str | None, tracestate: str | None) -> dict[str, str] | None:
+    """The trace context of a request's W3C headers, as a change's ``meta`` keys; None without a valid one.
+
+    An invalid ``traceparent`` is ignored, as W3C Trace Context asks of a receiver (the change is
+    published without a context, never refused for it).
+    """
+    if traceparent is None:
         return None
-    carrier = {key: meta[key] for key in CONTEXT_KEYS if isinstance(meta.get(key), str)}
-    return _PROPAGATOR.extract(carrier)
+    traceparent = traceparent.strip().lower()
+    if not valid_traceparent(traceparent):
+        return None
+    context = {TRACEPARENT: traceparent}
+    if tracestate and len(tracestate) <= MAX_TRACESTATE:
+        context[TRACESTATE] = tracestate.strip()
+    return context
 
 
-def _carrying(change: Change, span: Span) -> Change:
-    """``change`` with ``span``'s context in its ``meta``, for the next step to continue the trace."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-    if not carrier:
-        return change
-    meta = {key: value for key, value in (change.meta or {}).items() if key not in CONTEXT_KEYS}
-    return replace(change, meta={**meta, **carrier})
-
-
-def _failed(span: Span, error: BaseException) -> None:
-    span.set_attribute("error.type", str(error.code) if isinstance(error, RpcError) else type(error).__qualname__)
-    span.set_status(StatusCode.ERROR, str(error))
-
-
-def _resource() -> Resource:
-    named = bool(os.environ.get("OTEL_SERVICE_NAME")) or "service.name=" in os.environ.get(
-        "OTEL_RESOURCE_ATTRIBUTES", "")
-    attributes: dict[str, Any] = {"process.pid": os.getpid()}
-    if not named:
-        attributes[SERVICE_NAME] = "mcp-broker"
-    return Resource.create(attributes)
-
-
-class OtelTracer:
-    """``broker.tracing.Tracer`` on the OpenTelemetry SDK, exporting over OTLP/HTTP (or to ``exporter``)."""
-
-    def __init__(self, version: str, exporter: SpanExporter | None = None) -> None:
-        self.provider = TracerProvider(resource=_resource())  # the sampler of OTEL_TRACES_SAMPLER
-        self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter()))
-        self._tracer = self.provider.get_tracer("mcp-broker", version)
+class Tracer(Protocol):
+    """Makes the spans of a change's way through the broker, and of MCP requests (``broker.ops.otel``)."""
 
     def publishing(self, changes: list[Change], source: str) -> tuple[list[Change], Finish]:
-        spans = [self._tracer.start_span("publish", _parent(change.meta), SpanKind.PRODUCER, {
-            "mcp.resource.uri": change.uri, "mcp_broker.tenant": change.tenant, "mcp_broker.change.kind": change.kind,
-            "mcp_broker.publish.source": source, "messaging.operation.type": "send"}) for change in changes]
-
-        def finish(ids: Sequence[str] | None, error: BaseException | None) -> None:
-            for i, span in enumerate(spans):
-                if ids is not None and i < len(ids):
-                    span.set_attribute("mcp_broker.change.id", ids[i])
-                if error is not None:
-                    _failed(span, error)
-                span.end()
-
-        return [_carrying(change, span) for change, span in zip(changes, spans, strict=True)], finish
+        """A span per change about to be appended, child of the change's own context; the changes
+        to append, whose ``meta`` now carries their publish span's context, and what ends the spans."""
 
     def fanning_out(self, batch: Sequence[tuple[str, Change]]) -> tuple[Sequence[tuple[str, Change]], Finish]:
-        spans = [self._tracer.start_span("fanout", _parent(change.meta), SpanKind.CONSUMER, {
-            "mcp.resource.uri": change.uri, "mcp_broker.tenant": change.tenant, "mcp_broker.change.id": change_id,
-            "messaging.operation.type": "process", "messaging.batch.message_count": len(batch)})
-            for change_id, change in batch]
-
-        def finish(ids: Sequence[str] | None, error: BaseException | None) -> None:
-            for span in spans:
-                if error is not None:
-                    _failed(span, error)
-                span.end()
-
-        carried = [(change_id, _carrying(change, span)) for (change_id, change), span in zip(batch, spans, strict=True)]
-        return carried, finish
+        """A span per change of a fan-out batch, child of the context its ``meta`` carries; the batch
+        to fan out, whose notifications now carry the fan-out span's context, and what ends the spans."""
 
     def delivered(self, session_id: str | None, frames: Iterable[bytes]) -> None:
-        for data in frames:
-            if _MARK not in data:
-                continue  # no trace context: nothing to continue
-            message = orjson.loads(data)
-            params = message.get("params") or {}
-            method = message.get("method") or "notification"
-            attributes: dict[str, Any] = {"mcp.method.name": method}
-            if session_id is not None:
-                attributes["mcp.session.id"] = session_id
-            if isinstance(params.get("uri"), str):
-                attributes["mcp.resource.uri"] = params["uri"]
-            self._tracer.start_span(method, _parent(params.get("_meta")), SpanKind.CLIENT, attributes).end()
+        """Notifications were just written to a client: a span for each that carries a trace context."""
 
     def request(self, method: str, params: dict[str, Any], session_id: str | None,
                 header: Callable[[str], str | None] | None = None) -> Finish:
-        attributes: dict[str, Any] = {"mcp.method.name": method}
-        if session_id is not None:
-            attributes["mcp.session.id"] = session_id
-        if isinstance(params.get("uri"), str):
-            attributes["mcp.resource.uri"] = params["uri"]
-        meta = params.get("_meta")
-        parent = _parent(meta if isinstance(meta, dict) else None)
-        if parent is None and header is not None:
-            parent = _parent(header_context(header(TRACEPARENT), header(TRACESTATE)))
-        span = self._tracer.start_span(method, parent, SpanKind.SERVER, attributes)
-
-        def finish(ids: Sequence[str] | None, error: BaseException | None) -> None:
-            if error is not None:
-                _failed(span, error)
-            span.end()
-
-        return finish
+        """An MCP request begins (its span, child of the context in ``params._meta``, else of its W3C
+        ``traceparent`` header, looked up with ``header``); what ends it."""
 
     def close(self) -> None:
-        self.provider.shutdown()  # exports what the batch processor holds
+        """Export what is left and stop (the worker stops)."""

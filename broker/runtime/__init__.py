@@ -39,6 +39,7 @@ from broker.methods import Methods
 from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
 from broker.ops.console import Console
 from broker.ops.health import Health
+from broker.ops.tracing import Tracer, enabled
 from broker.protocol.messages import SERVER_INFO_KEY
 from broker.publisher import Publisher
 from broker.quotas import Quotas, TenantQuotas, tenant_share
@@ -46,7 +47,6 @@ from broker.resources.base import ClosingProvider, PublishingProvider, ResourceP
 from broker.resources.records import Records, RecordsProvider
 from broker.runtime.tasks import stop_tasks
 from broker.sources import ChangeSource, Extension, SourceRunner
-from broker.tracing import Tracer, enabled
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -95,10 +95,10 @@ def _cards_dir() -> str | None:
 
 def default_tracer() -> Tracer | None:
     """The tracer a Broker uses when it is given none: OpenTelemetry over OTLP/HTTP when the standard
-    variables ask for it (``broker.tracing.enabled``), else None, and OpenTelemetry is never imported."""
+    variables ask for it (``broker.ops.tracing.enabled``), else None, and OpenTelemetry is never imported."""
     if not enabled(os.environ):
         return None
-    from broker.ops.tracing import OtelTracer  # the [tracing] extra: opentelemetry-sdk and its OTLP/HTTP exporter
+    from broker.ops.otel import OtelTracer  # the [tracing] extra: opentelemetry-sdk and its OTLP/HTTP exporter
 
     return OtelTracer(__version__)
 

@@ -14,7 +14,7 @@ or 503 from the change log's bounds too).
 
 A W3C ``traceparent`` header (with its ``tracestate``) is the trace context of every change of
 the request that has none in its ``meta``: it goes into that ``meta``, so the change log, fan-out
-and every notification of the change carry it (``broker.tracing``). An invalid one is ignored.
+and every notification of the change carry it (``broker.ops.tracing``). An invalid one is ignored.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from starlette.types import Receive, Scope
 from broker.auth import scopes
 from broker.changes import ForeignNamespace, InvalidChange
 from broker.errors import Refusal
+from broker.ops.tracing import TRACEPARENT, header_context
 from broker.publisher import Publisher, TooManyChanges
-from broker.tracing import TRACEPARENT, header_context
 from broker.transport.edge import BadBody, detail, json_response, principal_of, read_json, refused
 
 __all__ = ["ChangesEndpoint"]

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 
 from broker.config import Settings
 from broker.methods import Call
-from broker.ops.tracing import OtelTracer
+from broker.ops.otel import OtelTracer
 from broker.protocol import jsonrpc as rpc
 from broker.runtime import Broker
 from tests.dispatcher.conftest import TIMEOUT, Client, is_ack, is_update

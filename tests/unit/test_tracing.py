@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from broker.ops.tracing import enabled, header_context
 from broker.runtime import default_tracer
-from broker.tracing import enabled, header_context
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
