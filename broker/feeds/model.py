@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-__all__ = ["MAX_FEED_ID", "Cursor", "FeedKind", "Filter", "cursor_of", "format_event_id", "legacy_kind",
-           "parse_event_id", "valid_id"]
+__all__ = ["LEGACY_FEED_VERSION", "MAX_FEED_ID", "Cursor", "FeedKind", "Filter", "cursor_of", "format_event_id",
+           "legacy_kind", "parse_event_id", "valid_id"]
 
 #: Feed ids longer than this are never looked up (the broker's are 32 characters).
 MAX_FEED_ID: Final = 128
@@ -122,6 +122,10 @@ class Cursor:
 def cursor_of(feed: str, event_id: str) -> str:
     """The cursor of the position ``event_id`` (``<epoch>-<offset>``) in ``feed``."""
     return f"{feed}:{event_id}"
+
+
+#: The protocol version an older version wrote on every feed that was not a 2025 session.
+LEGACY_FEED_VERSION = "2026-07-28"
 
 
 def legacy_kind(capabilities: dict[str, Any]) -> tuple[FeedKind, Filter | None, tuple[str, int] | None]:

@@ -205,7 +205,9 @@ class Feeds:
         # The record last: a refilter cut short is done again by the client's next attempt.
         head = (await self.inboxes.read(feed.id, feed.epoch, 0, 1)).head
         feed.filter, feed.since = wanted, (feed.epoch, head)
-        await self.store.update(feed.id, filter=wanted, since=feed.since)
+        # The kind too: a record an older version wrote has none, and would be read by its
+        # capabilities again, with the old filter (legacy_kind).
+        await self.store.update(feed.id, kind=feed.kind, filter=wanted, since=feed.since)
 
     async def _subscribe(self, feed: SessionRecord, uris: tuple[str, ...] | list[str]) -> None:
         """A chunk of ``uris`` at a time in flight (one round trip each on Redis)."""

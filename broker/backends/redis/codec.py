@@ -17,7 +17,7 @@ import msgpack
 
 from broker.backends.types import CLOSE_ALL, Frame, SessionRecord, Wake, change_position
 from broker.changes import Change
-from broker.feeds.model import FeedKind, Filter, legacy_kind
+from broker.feeds.model import LEGACY_FEED_VERSION, FeedKind, Filter, legacy_kind
 
 __all__ = [
     "NodeWake",
@@ -102,8 +102,12 @@ def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord
         feed_filter = None if packed is None else Filter.from_dict(packed)
         since = msgpack.unpackb(raw[b"since"]) if b"since" in raw else None
         position = None if since is None else (str(since[0]), int(since[1]))
-    else:  # written by an older version: its kind, if not a session's, is in its capabilities
+    elif text("version") == LEGACY_FEED_VERSION:
+        # Written by an older version, which made every feed but a session under this version and
+        # told its kind in its capabilities; a 2025 client's capabilities tell nothing.
         kind, feed_filter, position = legacy_kind(capabilities)
+    else:
+        kind, feed_filter, position = FeedKind.SESSION, None, None
     return SessionRecord(
         id=session_id,
         tenant=text("tenant"),
