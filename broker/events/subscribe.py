@@ -22,7 +22,9 @@ the connections.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import secrets
@@ -34,7 +36,6 @@ import orjson
 from broker.backends.base import Webhooks
 from broker.backends.types import WebhookRecord
 from broker.config import Settings
-from broker.errors import LimitExceeded, OverQuota
 from broker.events.callbacks import CallbackRefused, Callbacks, Target
 from broker.events.model import CALLBACK_ERROR, FORBIDDEN, UNSUPPORTED, event_filter, iso, not_found, wanted
 from broker.feeds.model import Cursor, FeedKind
@@ -154,13 +155,16 @@ class WebhookSubscriptions:
 
         Raises:
             OverQuota: over the tenant's ``webhooks`` quota. LimitExceeded: at the deployment's bound
-                (``Reason.WEBHOOKS``). Its hidden session is ended then.
+                (``Reason.WEBHOOKS``). Its feed is ended whenever it is not stored.
         """
         try:
             return await self.store.create(record, self.settings.webhook_max_subscriptions,
                                            self.quotas.of(record.tenant).webhooks)
-        except (OverQuota, LimitExceeded):
-            await self.feeds.end(record.session)
+        except BaseException:
+            # Not stored (a bound, an outage, a cancellation): the feed made for it goes too, or,
+            # should that fail as well, expires after MCP_BROKER_SESSION_TTL.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.feeds.end(record.session))
             raise
 
     async def _verify(self, url: str, secret: str, sub_id: str, tenant: str) -> None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from broker.auth import Principal
 from broker.cli import _settings_problems
 from broker.config import Settings
-from broker.errors import Refusal
+from broker.errors import BackendUnavailable, Refusal
 from broker.events.callbacks import Outcome
 from broker.events.model import CALLBACK_ERROR, FORBIDDEN
 from broker.methods import Call
@@ -83,3 +83,22 @@ async def test_verifications_are_counted_against_the_tenant_before_they_are_sent
     assert over.code == rpc.QUOTA_EXCEEDED and over.data["limit"] == "webhook_verifications"  # type: ignore[index]
     assert len(sent) == 3, "the fourth was never sent"
     assert (await subscribe(4, "other")).code == CALLBACK_ERROR, "another tenant's count is its own"
+
+
+async def test_a_webhook_subscription_that_cannot_be_stored_leaves_no_feed_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = Broker(Settings(_env_file=None, webhook_allow=["8.8.8.8"]),  # type: ignore[call-arg]
+                    authenticator=Custom())
+    await broker.start()
+    try:
+        async def unavailable(*args: Any) -> bool:
+            raise BackendUnavailable("Redis went away")
+
+        monkeypatch.setattr(broker.events.webhooks.store, "create", unavailable)
+        params = {"name": "mcp.resource.updated", "arguments": {"uris": ["mcpb://acme/items/1"]},
+                  "delivery": {"mode": "webhook", "url": "https://8.8.8.8/hook", "secret": "whsec_" + "QUFB" * 8}}
+        with pytest.raises(BackendUnavailable):
+            await broker.events.webhooks.subscribe(Call(Principal("acme", "alice"), modern=True), params)
+        assert await broker.backend.sessions.count() == 0  # its feed went with it: no place of the quota held
+    finally:
+        await broker.stop()
