@@ -413,6 +413,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return int(args.func(args))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
-"""``python -m broker.cli``: the ``mcp-broker`` command."""
+"""``python -m broker.cli``: the ``mcp-broker`` command, with its exit status."""
+
+import sys
 
 from broker.cli import main
 
-if __name__ == "__main__":
-    main()
+sys.exit(main())
