@@ -17,6 +17,11 @@ some declares a template (RFC 6570 level 1), listed by ``resources/templates/lis
 answers every URI it matches. Each variable becomes the keyword argument of the same name; a
 value is one path segment (no ``/``, ``?`` or ``#``), passed as the URI spells it.
 
+**Matching.** A variable's value ends where the literal text after it starts: in
+``r://{y}-{m}-{d}`` a year holds no ``-``, so ``r://2026-12-07-1`` gives ``d="07-1"``. Matching
+is therefore one pass over the URI whatever a client sends, and two variables side by side
+(``{a}{b}``), which no literal separates, are refused.
+
 **Who asks.** Resources are per tenant in this broker, the URIs are not: a function that
 declares a parameter ``tenant`` receives the caller's tenant, one that declares ``principal``
 receives the caller's ``Principal`` (``tenant``, ``subject``, ``scopes``). A function that
@@ -109,9 +114,19 @@ class _Declared:
                         "return str, bytes, a dict or a list (or None when it does not exist)")
 
 
-def _pattern(uri: str, variables: tuple[str, ...]) -> re.Pattern[str]:
-    parts = _VARIABLE.split(uri)
-    return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/?#]+)" for i, p in enumerate(parts)))
+def _pattern(uri: str) -> re.Pattern[str]:
+    """The template as a regular expression that matches in one pass: each variable also stops at the first
+    character of the literal after it, so where it ends is never in doubt and nothing backtracks far
+    (``[^/?#]+-[^/?#]+-[^/?#]+/x`` against a run of dashes tries every way to split the run)."""
+    parts = _VARIABLE.split(uri)  # literal, variable, literal, ...: never two variables side by side
+    pattern = ""
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            pattern += re.escape(part)
+        else:
+            stop = parts[i + 1][:1] if parts[i + 1][:1] not in "/?#" else ""
+            pattern += f"(?P<{part}>[^/?#{re.escape(stop)}]+)"
+    return re.compile(pattern)
 
 
 def _declare(uri: str, function: Callable[..., Any], name: str | None, description: str | None,
@@ -126,6 +141,8 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
     if "{" in _VARIABLE.sub("", uri) or "}" in _VARIABLE.sub("", uri):
         raise ValueError(f"resource {uri!r}: a variable is written {{name}}: ASCII letters, digits and _, "
                          "not a digit first")
+    if "}{" in uri:
+        raise ValueError(f"resource {uri!r}: two variables side by side: put a literal between them")
     if uri.startswith(f"{SCHEME}:"):
         raise ValueError(f"resource {uri!r}: {SCHEME}: URIs are the record collections'; choose a scheme of your own")
     if len(set(variables)) != len(variables):
@@ -148,7 +165,7 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
             raise ValueError(f"resource {uri!r}: {label}() needs {parameter.name!r}, which is not a variable "
                              f"of the URI (nor one of {', '.join(INJECTED)})")
     injected = tuple(name for name in INJECTED if name in parameters)
-    return _Declared(uri, function, variables, injected, _pattern(uri, variables), name or label,
+    return _Declared(uri, function, variables, injected, _pattern(uri), name or label,
                      description if description is not None else inspect.getdoc(function), mime_type)
 
 
@@ -166,9 +183,9 @@ class ResourceSet:
         is returned unchanged. ``name`` defaults to the function's name, ``description`` to its docstring.
 
         Raises:
-            ValueError: ``uri`` is not an absolute URI, is declared already, or does not fit the
-                function (a variable without its parameter, a parameter without a default that is
-                neither a variable nor ``principal``/``tenant``).
+            ValueError: ``uri`` is not an absolute URI, is declared already, has two variables side
+                by side, or does not fit the function (a variable without its parameter, a parameter
+                without a default that is neither a variable nor ``principal``/``tenant``).
         """
         def decorate(function: F) -> F:
             self.add(uri, function, name=name, description=description, mime_type=mime_type)

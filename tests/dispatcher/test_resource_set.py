@@ -181,11 +181,29 @@ async def test_publish_refuses_a_uri_the_set_does_not_declare_and_a_set_no_broke
     ("notes://{bad-name}", lambda: "", "a variable is written {name}"),
     ("notes://{1}", lambda: "", "a variable is written {name}"),
     ("mcpb://{tenant_name}/notes", lambda tenant_name: "", "record collections'"),
+    ("notes://{year}{month}", lambda year, month: "", "two variables side by side"),
 ])
 def test_a_declaration_that_does_not_fit_its_function_is_refused_at_once(uri: str, function: Any,
                                                                          message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ResourceSet().resource(uri)(function)
+
+
+async def test_variables_that_share_a_separator_match_a_long_uri_at_once(make_broker: MakeBroker,
+                                                                         connect: Connect) -> None:
+    resources = ResourceSet()
+    resources.resource("r://{y}-{m}-{d}/x")(lambda y, m, d: f"{y}|{m}|{d}")
+    broker = await make_broker()
+    broker.register(resources)
+    client = connect(broker)
+    await client.initialize()
+    dashes = "r://" + "-" * (broker.settings.max_uri_length - len("r://"))  # matching it once took seconds
+    assert (await client.request("resources/read", {"uri": dashes}))["error"]["code"] == -32002
+    assert not resources.owns("r://" + "-" * 20_000 + "/y") and not resources.owns("r://1-" + "2-" * 10_000)
+    [content] = (await client.request("resources/read", {"uri": "r://2026-12-07/x"}))["result"]["contents"]
+    assert content["text"] == "2026|12|07"
+    [content] = (await client.request("resources/read", {"uri": "r://2026-12-07-1/x"}))["result"]["contents"]
+    assert content["text"] == "2026|12|07-1"  # a variable ends at the first character of the literal after it
 
 
 def test_a_uri_is_declared_once() -> None:
