@@ -20,7 +20,8 @@ value is one path segment (no ``/``, ``?`` or ``#``), passed as the URI spells i
 **Matching.** A variable's value ends where the literal text after it starts: in
 ``r://{y}-{m}-{d}`` a year holds no ``-``, so ``r://2026-12-07-1`` gives ``d="07-1"``. Matching
 is therefore one pass over the URI whatever a client sends, and two variables side by side
-(``{a}{b}``), which no literal separates, are refused.
+(``{a}{b}``), which no literal separates, are refused, as is a variable in the scheme (which
+could match the record collections' ``mcpb:`` URIs).
 
 **Who asks.** Resources are per tenant in this broker, the URIs are not: a function that
 declares a parameter ``tenant`` receives the caller's tenant, one that declares ``principal``
@@ -143,7 +144,10 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
                          "not a digit first")
     if "}{" in uri:
         raise ValueError(f"resource {uri!r}: two variables side by side: put a literal between them")
-    if uri.startswith(f"{SCHEME}:"):
+    scheme = uri.partition(":")[0]
+    if "{" in scheme:
+        raise ValueError(f"resource {uri!r}: the scheme must be written out, not a variable")
+    if scheme.lower() == SCHEME:
         raise ValueError(f"resource {uri!r}: {SCHEME}: URIs are the record collections'; choose a scheme of your own")
     if len(set(variables)) != len(variables):
         raise ValueError(f"resource {uri!r}: a variable appears twice")
@@ -183,9 +187,10 @@ class ResourceSet:
         is returned unchanged. ``name`` defaults to the function's name, ``description`` to its docstring.
 
         Raises:
-            ValueError: ``uri`` is not an absolute URI, is declared already, has two variables side
-                by side, or does not fit the function (a variable without its parameter, a parameter
-                without a default that is neither a variable nor ``principal``/``tenant``).
+            ValueError: ``uri`` is not an absolute URI, is declared already, has a variable in its
+                scheme or two side by side, is an ``mcpb:`` URI, or does not fit the function (a
+                variable without its parameter, a parameter without a default that is neither a
+                variable nor ``principal``/``tenant``).
         """
         def decorate(function: F) -> F:
             self.add(uri, function, name=name, description=description, mime_type=mime_type)

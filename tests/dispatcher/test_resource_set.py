@@ -181,6 +181,8 @@ async def test_publish_refuses_a_uri_the_set_does_not_declare_and_a_set_no_broke
     ("notes://{bad-name}", lambda: "", "a variable is written {name}"),
     ("notes://{1}", lambda: "", "a variable is written {name}"),
     ("mcpb://{tenant_name}/notes", lambda tenant_name: "", "record collections'"),
+    ("{scheme}://{tenant_name}/{id}", lambda scheme, tenant_name, id: "", "scheme must be written out"),
+    ("x{scheme}://notes/{id}", lambda scheme, id: "", "scheme must be written out"),
     ("notes://{year}{month}", lambda year, month: "", "two variables side by side"),
 ])
 def test_a_declaration_that_does_not_fit_its_function_is_refused_at_once(uri: str, function: Any,
