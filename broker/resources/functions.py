@@ -21,7 +21,9 @@ value is one path segment (no ``/``, ``?`` or ``#``), passed as the URI spells i
 ``r://{y}-{m}-{d}`` a year holds no ``-``, so ``r://2026-12-07-1`` gives ``d="07-1"``. Matching
 is therefore one pass over the URI whatever a client sends, and two variables side by side
 (``{a}{b}``), which no literal separates, are refused, as is a variable in the scheme (which
-could match the record collections' ``mcpb:`` URIs).
+could match the record collections' ``mcpb:`` URIs). A value that could lead a function that
+builds a path out of its folder matches nothing: ``.``, ``..``, or one that holds ``/`` or
+``\\``, as the URI spells it or percent-encoded (``%2F``, ``%5C``, ``%2E%2E``).
 
 **Who asks.** Resources are per tenant in this broker, the URIs are not: a function that
 declares a parameter ``tenant`` receives the caller's tenant, one that declares ``principal``
@@ -53,6 +55,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import orjson
 
@@ -128,6 +131,12 @@ def _pattern(uri: str) -> re.Pattern[str]:
             stop = parts[i + 1][:1] if parts[i + 1][:1] not in "/?#" else ""
             pattern += f"(?P<{part}>[^/?#{re.escape(stop)}]+)"
     return re.compile(pattern)
+
+
+def _confined(value: str) -> bool:
+    """Can ``value`` name nothing outside the folder a function joins it to, even percent-decoded?"""
+    decoded = unquote(value)
+    return decoded not in (".", "..") and "/" not in decoded and "\\" not in decoded
 
 
 def _declare(uri: str, function: Callable[..., Any], name: str | None, description: str | None,
@@ -235,7 +244,8 @@ class ResourceSet:
         if (fixed := self._fixed.get(uri)) is not None:
             return fixed, {}
         for template in self._templates:
-            if (found := template.pattern.fullmatch(uri)) is not None:
+            found = template.pattern.fullmatch(uri)
+            if found is not None and all(_confined(value) for value in found.groupdict().values()):
                 return template, found.groupdict()
         return None
 

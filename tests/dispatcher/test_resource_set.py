@@ -208,6 +208,18 @@ async def test_variables_that_share_a_separator_match_a_long_uri_at_once(make_br
     assert content["text"] == "2026|12|07-1"  # a variable ends at the first character of the literal after it
 
 
+@pytest.mark.parametrize("uri", ["files://../etc", "files://a/..", "files://./b", "files://%2e%2E/b",
+                                 "files://a%2Fb/c", "files://a/b%2fc", "files://a%5Cb/c", "files://a/b%5cc",
+                                 "files://a\\b/c"])
+async def test_a_variable_that_could_climb_out_of_a_folder_matches_nothing(broker: Broker, connect: Connect,
+                                                                           uri: str) -> None:
+    client = connect(broker)
+    await client.initialize()
+    assert (await client.request("resources/read", {"uri": uri}))["error"]["code"] == -32002
+    [content] = (await client.request("resources/read", {"uri": "files://a..b/.c"}))["result"]["contents"]
+    assert base64.b64decode(content["blob"]) == b"a..b|.c"  # dots within a name are a name
+
+
 def test_a_uri_is_declared_once() -> None:
     resources = ResourceSet()
     resources.resource("notes://{id}")(lambda id: "")
