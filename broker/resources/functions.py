@@ -63,6 +63,7 @@ from broker.auth import Principal
 from broker.changes import ChangeKind, InvalidChange
 from broker.errors import NotFound
 from broker.publisher import Publisher
+from broker.resources.base import BadCursor
 from broker.uris import SCHEME, check_uri
 
 __all__ = ["ResourceSet"]
@@ -75,6 +76,8 @@ INJECTED = ("principal", "tenant")
 _VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Long enough for any URI a declaration may hold: the client's URI is bounded when it is read.
 _DECLARED_MAX = 1 << 16
+#: The longest listing position a cursor may hold: more fixed resources than any set declares.
+_POSITION_DIGITS = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +261,12 @@ class ResourceSet:
 
     async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
         fixed = list(self._fixed.values())
-        start = int(state) if state and state.isdigit() else 0
+        if not state:
+            start = 0
+        elif state.isascii() and state.isdigit() and len(state) <= _POSITION_DIGITS:
+            start = int(state)
+        else:
+            raise BadCursor(state)
         page = fixed[start : start + limit]
         end = start + len(page)
         return [item.listing() for item in page], (str(end) if end < len(fixed) else None)

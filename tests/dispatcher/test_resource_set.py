@@ -208,6 +208,16 @@ async def test_variables_that_share_a_separator_match_a_long_uri_at_once(make_br
     assert content["text"] == "2026|12|07-1"  # a variable ends at the first character of the literal after it
 
 
+@pytest.mark.parametrize("state", ["\u00b2", "1" * 5000, "ten", "-1"], ids=["superscript", "long", "word", "minus"])
+async def test_a_listing_cursor_with_a_forged_position_is_an_invalid_cursor(broker: Broker, connect: Connect,
+                                                                            state: str) -> None:
+    client = connect(broker)
+    await client.initialize()
+    cursor = base64.urlsafe_b64encode(json.dumps([0, state]).encode()).decode()
+    answer = await client.request("resources/list", {"cursor": cursor})
+    assert answer["error"] == {"code": -32602, "message": "Invalid cursor", "data": {"cursor": cursor}}
+
+
 @pytest.mark.parametrize("uri", ["files://../etc", "files://a/..", "files://./b", "files://%2e%2E/b",
                                  "files://a%2Fb/c", "files://a/b%2fc", "files://a%5Cb/c", "files://a/b%5cc",
                                  "files://a\\b/c"])
