@@ -17,6 +17,14 @@ some declares a template (RFC 6570 level 1), listed by ``resources/templates/lis
 answers every URI it matches. Each variable becomes the keyword argument of the same name; a
 value is one path segment (no ``/``, ``?`` or ``#``), passed as the URI spells it.
 
+**Matching.** A variable's value ends where the literal text after it starts: in
+``r://{y}-{m}-{d}`` a year holds no ``-``, so ``r://2026-12-07-1`` gives ``d="07-1"``. Matching
+is therefore one pass over the URI whatever a client sends, and two variables side by side
+(``{a}{b}``), which no literal separates, are refused, as is a variable in the scheme (which
+could match the record collections' ``mcpb:`` URIs). A value that could lead a function that
+builds a path out of its folder matches nothing: ``.``, ``..``, or one that holds ``/`` or
+``\\``, as the URI spells it or percent-encoded (``%2F``, ``%5C``, ``%2E%2E``).
+
 **Who asks.** Resources are per tenant in this broker, the URIs are not: a function that
 declares a parameter ``tenant`` receives the caller's tenant, one that declares ``principal``
 receives the caller's ``Principal`` (``tenant``, ``subject``, ``scopes``). A function that
@@ -47,6 +55,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import orjson
 
@@ -54,6 +63,7 @@ from broker.auth import Principal
 from broker.changes import ChangeKind, InvalidChange
 from broker.errors import NotFound
 from broker.publisher import Publisher
+from broker.resources.base import BadCursor
 from broker.uris import SCHEME, check_uri
 
 __all__ = ["ResourceSet"]
@@ -66,6 +76,8 @@ INJECTED = ("principal", "tenant")
 _VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Long enough for any URI a declaration may hold: the client's URI is bounded when it is read.
 _DECLARED_MAX = 1 << 16
+#: The longest listing position a cursor may hold: more fixed resources than any set declares.
+_POSITION_DIGITS = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +121,25 @@ class _Declared:
                         "return str, bytes, a dict or a list (or None when it does not exist)")
 
 
-def _pattern(uri: str, variables: tuple[str, ...]) -> re.Pattern[str]:
-    parts = _VARIABLE.split(uri)
-    return re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^/?#]+)" for i, p in enumerate(parts)))
+def _pattern(uri: str) -> re.Pattern[str]:
+    """The template as a regular expression that matches in one pass: each variable also stops at the first
+    character of the literal after it, so where it ends is never in doubt and nothing backtracks far
+    (``[^/?#]+-[^/?#]+-[^/?#]+/x`` against a run of dashes tries every way to split the run)."""
+    parts = _VARIABLE.split(uri)  # literal, variable, literal, ...: never two variables side by side
+    pattern = ""
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            pattern += re.escape(part)
+        else:
+            stop = parts[i + 1][:1] if parts[i + 1][:1] not in "/?#" else ""
+            pattern += f"(?P<{part}>[^/?#{re.escape(stop)}]+)"
+    return re.compile(pattern)
+
+
+def _confined(value: str) -> bool:
+    """Can ``value`` name nothing outside the folder a function joins it to, even percent-decoded?"""
+    decoded = unquote(value)
+    return decoded not in (".", "..") and "/" not in decoded and "\\" not in decoded
 
 
 def _declare(uri: str, function: Callable[..., Any], name: str | None, description: str | None,
@@ -126,7 +154,12 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
     if "{" in _VARIABLE.sub("", uri) or "}" in _VARIABLE.sub("", uri):
         raise ValueError(f"resource {uri!r}: a variable is written {{name}}: ASCII letters, digits and _, "
                          "not a digit first")
-    if uri.startswith(f"{SCHEME}:"):
+    if "}{" in uri:
+        raise ValueError(f"resource {uri!r}: two variables side by side: put a literal between them")
+    scheme = uri.partition(":")[0]
+    if "{" in scheme:
+        raise ValueError(f"resource {uri!r}: the scheme must be written out, not a variable")
+    if scheme.lower() == SCHEME:
         raise ValueError(f"resource {uri!r}: {SCHEME}: URIs are the record collections'; choose a scheme of your own")
     if len(set(variables)) != len(variables):
         raise ValueError(f"resource {uri!r}: a variable appears twice")
@@ -148,7 +181,7 @@ def _declare(uri: str, function: Callable[..., Any], name: str | None, descripti
             raise ValueError(f"resource {uri!r}: {label}() needs {parameter.name!r}, which is not a variable "
                              f"of the URI (nor one of {', '.join(INJECTED)})")
     injected = tuple(name for name in INJECTED if name in parameters)
-    return _Declared(uri, function, variables, injected, _pattern(uri, variables), name or label,
+    return _Declared(uri, function, variables, injected, _pattern(uri), name or label,
                      description if description is not None else inspect.getdoc(function), mime_type)
 
 
@@ -166,9 +199,10 @@ class ResourceSet:
         is returned unchanged. ``name`` defaults to the function's name, ``description`` to its docstring.
 
         Raises:
-            ValueError: ``uri`` is not an absolute URI, is declared already, or does not fit the
-                function (a variable without its parameter, a parameter without a default that is
-                neither a variable nor ``principal``/``tenant``).
+            ValueError: ``uri`` is not an absolute URI, is declared already, has a variable in its
+                scheme or two side by side, is an ``mcpb:`` URI, or does not fit the function (a
+                variable without its parameter, a parameter without a default that is neither a
+                variable nor ``principal``/``tenant``).
         """
         def decorate(function: F) -> F:
             self.add(uri, function, name=name, description=description, mime_type=mime_type)
@@ -213,7 +247,8 @@ class ResourceSet:
         if (fixed := self._fixed.get(uri)) is not None:
             return fixed, {}
         for template in self._templates:
-            if (found := template.pattern.fullmatch(uri)) is not None:
+            found = template.pattern.fullmatch(uri)
+            if found is not None and all(_confined(value) for value in found.groupdict().values()):
                 return template, found.groupdict()
         return None
 
@@ -226,7 +261,12 @@ class ResourceSet:
 
     async def list_page(self, principal: Principal, state: str | None, limit: int) -> tuple[list[Json], str | None]:
         fixed = list(self._fixed.values())
-        start = int(state) if state and state.isdigit() else 0
+        if not state:
+            start = 0
+        elif state.isascii() and state.isdigit() and len(state) <= _POSITION_DIGITS:
+            start = int(state)
+        else:
+            raise BadCursor(state)
         page = fixed[start : start + limit]
         end = start + len(page)
         return [item.listing() for item in page], (str(end) if end < len(fixed) else None)

@@ -181,11 +181,53 @@ async def test_publish_refuses_a_uri_the_set_does_not_declare_and_a_set_no_broke
     ("notes://{bad-name}", lambda: "", "a variable is written {name}"),
     ("notes://{1}", lambda: "", "a variable is written {name}"),
     ("mcpb://{tenant_name}/notes", lambda tenant_name: "", "record collections'"),
+    ("{scheme}://{tenant_name}/{id}", lambda scheme, tenant_name, id: "", "scheme must be written out"),
+    ("x{scheme}://notes/{id}", lambda scheme, id: "", "scheme must be written out"),
+    ("notes://{year}{month}", lambda year, month: "", "two variables side by side"),
 ])
 def test_a_declaration_that_does_not_fit_its_function_is_refused_at_once(uri: str, function: Any,
                                                                          message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ResourceSet().resource(uri)(function)
+
+
+async def test_variables_that_share_a_separator_match_a_long_uri_at_once(make_broker: MakeBroker,
+                                                                         connect: Connect) -> None:
+    resources = ResourceSet()
+    resources.resource("r://{y}-{m}-{d}/x")(lambda y, m, d: f"{y}|{m}|{d}")
+    broker = await make_broker()
+    broker.register(resources)
+    client = connect(broker)
+    await client.initialize()
+    dashes = "r://" + "-" * (broker.settings.max_uri_length - len("r://"))  # matching it once took seconds
+    assert (await client.request("resources/read", {"uri": dashes}))["error"]["code"] == -32002
+    assert not resources.owns("r://" + "-" * 20_000 + "/y") and not resources.owns("r://1-" + "2-" * 10_000)
+    [content] = (await client.request("resources/read", {"uri": "r://2026-12-07/x"}))["result"]["contents"]
+    assert content["text"] == "2026|12|07"
+    [content] = (await client.request("resources/read", {"uri": "r://2026-12-07-1/x"}))["result"]["contents"]
+    assert content["text"] == "2026|12|07-1"  # a variable ends at the first character of the literal after it
+
+
+@pytest.mark.parametrize("state", ["\u00b2", "1" * 5000, "ten", "-1"], ids=["superscript", "long", "word", "minus"])
+async def test_a_listing_cursor_with_a_forged_position_is_an_invalid_cursor(broker: Broker, connect: Connect,
+                                                                            state: str) -> None:
+    client = connect(broker)
+    await client.initialize()
+    cursor = base64.urlsafe_b64encode(json.dumps([0, state]).encode()).decode()
+    answer = await client.request("resources/list", {"cursor": cursor})
+    assert answer["error"] == {"code": -32602, "message": "Invalid cursor", "data": {"cursor": cursor}}
+
+
+@pytest.mark.parametrize("uri", ["files://../etc", "files://a/..", "files://./b", "files://%2e%2E/b",
+                                 "files://a%2Fb/c", "files://a/b%2fc", "files://a%5Cb/c", "files://a/b%5cc",
+                                 "files://a\\b/c"])
+async def test_a_variable_that_could_climb_out_of_a_folder_matches_nothing(broker: Broker, connect: Connect,
+                                                                           uri: str) -> None:
+    client = connect(broker)
+    await client.initialize()
+    assert (await client.request("resources/read", {"uri": uri}))["error"]["code"] == -32002
+    [content] = (await client.request("resources/read", {"uri": "files://a..b/.c"}))["result"]["contents"]
+    assert base64.b64decode(content["blob"]) == b"a..b|.c"  # dots within a name are a name
 
 
 def test_a_uri_is_declared_once() -> None:
