@@ -173,3 +173,11 @@ async def test_watch_into_a_reader_that_leaves_ends_quietly(broker: BrokerProces
         watching.kill()
     assert watching.stderr.read() == "" and code == 141
     watching.stderr.close()
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("7", 7.0), ("²", None), ("soon", None)])
+def test_a_retry_after_of_other_digits_than_ascii_ones_is_unreadable_not_a_crash(value: str,
+                                                                                  seconds: float | None) -> None:
+    from broker_client.http import retry_after
+
+    assert retry_after(httpx.Headers([(b"retry-after", value.encode("latin-1"))])) == seconds
