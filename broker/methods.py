@@ -28,7 +28,7 @@ from broker.backends.types import SessionRecord
 from broker.config import Settings
 from broker.delivery.resumable import RESUMABLE
 from broker.errors import LimitExceeded, NotFound, OverQuota, Refusal, ResourceRefused
-from broker.metrics import NO_METRICS, Histogram, Metrics
+from broker.metrics import NO_METRICS, Histogram, Metrics, records
 from broker.ops.tracing import Finish, Tracer
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.jsonbounds import JsonRefused, encode_bounded
@@ -52,6 +52,10 @@ LEGACY_METHODS: Final = frozenset({
 MODERN_METHODS: Final = frozenset({
     "server/discover", "resources/list", "resources/read", "resources/templates/list",
 })
+
+
+def _untimed(error: BaseException | None) -> None:
+    """The end of a request with nothing to time or trace (no metrics, tracing off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +83,8 @@ class Methods:
         ``metrics``: each request's duration, by method; ``tracer``: a span per request (None: tracing is off)."""
         self._metrics = metrics
         #: By method: its ``mcp_server_operation_duration_seconds`` child, made at its first request.
-        self._durations: dict[str, Histogram] = {}
+        #: The duration histogram of each method begun, None when it would keep nothing (``records``).
+        self._durations: dict[str, Histogram | None] = {}
         self.tracer = tracer
         self.settings = settings
         self.quotas = quotas or TenantQuotas()
@@ -131,15 +136,18 @@ class Methods:
         """A request of ``method`` begins (its span, with tracing on); what to call once it is answered,
         with its error if any: its duration (``mcp.server.operation.duration``) and the end of its span.
         A request cancelled before its answer ends its span but has no duration."""
-        began = time.perf_counter()
+        try:
+            histogram = self._durations[method]
+        except KeyError:  # once per method: the methods served are a fixed few
+            made = self._metrics.histogram("mcp_server_operation_duration_seconds", mcp_method_name=method)
+            histogram = self._durations[method] = made if records(made) else None
         finish: Finish | None = None if self.tracer is None else self.tracer.request(method, params, session_id, header)
+        if histogram is None:  # no duration to keep (no metrics): no clock read, the span times itself
+            return _untimed if finish is None else lambda error: finish(None, error)
+        began = time.perf_counter()
 
         def done(error: BaseException | None) -> None:
             if error is None or isinstance(error, Exception):
-                histogram = self._durations.get(method)
-                if histogram is None:
-                    histogram = self._durations[method] = self._metrics.histogram(
-                        "mcp_server_operation_duration_seconds", mcp_method_name=method)
                 histogram.observe(time.perf_counter() - began)
             if finish is not None:
                 finish(None, error)

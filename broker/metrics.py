@@ -13,7 +13,9 @@ The wiring asks three more things of the binding (``Metrics``): to sample figure
 counted off the request path (a store's session count, the change log's lag) on an interval,
 its exposition for ``GET /metrics``, and to let go when the process stops. ``NO_METRICS`` does
 none of them, and a sample it is given never runs, so nothing is counted for nobody; nothing
-in the broker asks whether metrics are on. A binding that lacks any of the three gets the
+in the broker asks whether metrics are on. An instrument says whether it keeps what it is given
+(``records``): where measuring costs more than the call (a request's duration), the measure is
+skipped for an instrument of ``NoMetrics``. A binding that lacks any of the three gets the
 default (``complete``): samples on the interval, no exposition, nothing to close.
 
 Every instrument the broker reports is declared here, in ``CATALOG``, with its kind, help text
@@ -46,6 +48,7 @@ __all__ = [
     "TenantLabels",
     "accepted_at",
     "complete",
+    "records",
     "sample_periodically",
 ]
 
@@ -235,6 +238,12 @@ class _Nothing:
 
 
 _NOTHING: Final = _Nothing()
+
+
+def records(instrument: Counter | Gauge | Histogram) -> bool:
+    """Does ``instrument`` keep what it is given? False for the instruments of ``NoMetrics``, which do nothing,
+    so that what only feeds it (a duration's two clock reads) can be skipped; True for any binding's own."""
+    return not isinstance(instrument, _Nothing)
 
 
 class NoMetrics:

@@ -120,7 +120,7 @@ class Publisher:
         """
         finish = None
         if self.tracer is not None:
-            [change], finish = self.tracer.publishing([change], source)
+            [change], finish = self.tracer.publishing([change], source, self.rules.max_meta_bytes)
         try:
             await self._take(change.tenant, 1, source)
             result = await write(change)
@@ -160,7 +160,7 @@ class Publisher:
     async def _append(self, changes: list[Change], source: str) -> list[str]:
         finish = None
         if self.tracer is not None:  # the change log keeps each change's publish span as its context
-            changes, finish = self.tracer.publishing(changes, source)
+            changes, finish = self.tracer.publishing(changes, source, self.rules.max_meta_bytes)
         try:
             if changes:
                 await self._take(changes[0].tenant, len(changes), source)

@@ -88,7 +88,7 @@ def _said(body: bytes) -> str:
 def retry_after(headers: httpx.Headers) -> float | None:
     """``Retry-After`` in seconds (delay-seconds or an HTTP date), at most an hour; None when absent or unreadable."""
     value = str(headers.get("retry-after", "")).strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" is a digit to str.isdigit, not to float
         return min(float(value), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)

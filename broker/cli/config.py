@@ -90,14 +90,17 @@ def _without_passwords(value: Any) -> Any:
 def _url_without_password(text: str) -> str:
     if "://" not in text:
         return _KEYWORD_PASSWORD.sub(rf"\g<1>{MASK}", text)  # a libpq keyword/value string, or anything else
+    # The host part follows the last "@": a password may hold a raw "#", "?" or "/", which would end
+    # the address early for urlsplit and show the rest of the password as a fragment, query or path.
+    scheme, _, rest = text.partition("://")
+    userinfo, at, rest = rest.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = f"{userinfo.partition(':')[0]}:{MASK}"
     try:
-        parts = urlsplit(text)
+        parts = urlsplit(f"{scheme}://{rest}")
     except ValueError:
         return MASK  # not a URL Python can read: it might hold anything
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{hosts}"
+    netloc = userinfo + at + parts.netloc
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)

@@ -3,8 +3,9 @@
 The change is checked here as ``POST /changes`` would check it, before anything is sent
 anywhere; through a server the tenant is the key's, which the server knows and this command does
 not, so a record URI is checked in its own tenant's namespace and the server has the last word.
-Exit codes: 0 published (its id printed); 2 bad input, or nobody could receive it (the memory
-backend lives inside ``serve``); 75 (EX_TEMPFAIL) refused for now or not reachable: not
+Exit codes: 0 published (its id printed); 2 bad input, nobody could receive it (the memory
+backend lives inside ``serve``), a redirect (never followed: the key goes nowhere else) or an
+answer that is not a broker's; 75 (EX_TEMPFAIL) refused for now or not reachable: not
 published, try again later.
 """
 
@@ -50,6 +51,8 @@ def publish_main(args: argparse.Namespace) -> int:
     except InvalidChange as exc:
         print(f"mcp-broker publish: {exc}", file=sys.stderr)
         return 2
+    from broker.cli.remote import BadAnswer
+
     try:
         if args.url:
             print(_publish_over_http(args.url, args.key, change.to_wire(), tenant_given=args.tenant is not None))
@@ -60,6 +63,10 @@ def publish_main(args: argparse.Namespace) -> int:
                   "MCP_BROKER_REDIS_URL to the Redis its workers use", file=sys.stderr)
             return 2
         print(asyncio.run(_publish_to_redis(settings, args.uri, ChangeKind(args.kind), tenant, meta)))
+    except BadAnswer as exc:  # before OSError: an answer came, from something that is not a broker
+        print(f"mcp-broker publish: {args.url} did not answer as a broker does ({exc}); "
+              "the change may or may not be published", file=sys.stderr)
+        return 2
     except PublishRefused as exc:
         # Not acknowledged: nothing was appended. EX_TEMPFAIL: try again later.
         print(f"mcp-broker publish: refused, not published: {exc}", file=sys.stderr)
@@ -80,10 +87,13 @@ class _Refused(Exception):
 
 
 def _publish_over_http(url: str, key: str | None, change: dict[str, Any], *, tenant_given: bool) -> str:
-    """``POST /changes`` on a running server; the change's id. Raises ``_Refused`` with the server's reason."""
+    """``POST /changes`` on a running server; the change's id. Raises ``_Refused`` with the server's reason,
+    ``BadAnswer`` when what answered is not a broker."""
     import json
     import urllib.error
     import urllib.request
+
+    from broker.cli.remote import BadAnswer, error_detail, request_json
 
     if tenant_given:
         raise _Refused("--tenant is the API key's over --url: the server publishes for the tenant of the key", 2)
@@ -92,14 +102,12 @@ def _publish_over_http(url: str, key: str | None, change: dict[str, Any], *, ten
                                      headers={"content-type": "application/json",
                                               **({"authorization": f"Bearer {key}"} if key else {})})
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return str(json.loads(answer.read())["ids"][0])
+        ids = request_json(request).get("ids")
     except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("detail", "")
-        except ValueError:
-            detail = ""
-        raise _Refused(f"{exc.code} {detail}".strip(), 75 if exc.code in (429, 503) else 2) from exc
+        raise _Refused(f"{exc.code} {error_detail(exc)}".strip(), 75 if exc.code in (429, 503) else 2) from exc
+    if not isinstance(ids, list) or not ids or not isinstance(ids[0], str):
+        raise BadAnswer("the answer names no change id")
+    return ids[0]
 
 
 async def _publish_to_redis(settings: Settings, uri: str, kind: Any, tenant: str, meta: dict[str, Any] | None) -> str:

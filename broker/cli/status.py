@@ -4,9 +4,10 @@ The same figures as the page (``broker.ops.console``): the deployment's sessions
 webhooks, the answering host's workers, streams, listens and changes per second, then the
 partitions with their holders and lag, the change sources and the tenants against their quotas. ``--json`` prints the
 state document as the server gave it. With authentication on, ``--key`` (or ``MCP_BROKER_KEY``)
-is a credential holding ``console:read``.
+is a credential holding ``console:read``, of a tenant of ``MCP_BROKER_CONSOLE_TENANTS``.
 
-Exit codes: 0 shown; 2 refused (no credential, or one without the scope) or a bad URL; 75
+Exit codes: 0 shown; 2 refused (no credential, or one without the scope), a bad URL, a redirect
+(never followed: the key goes nowhere else) or an answer that is not the console's figures; 75
 (EX_TEMPFAIL) the server could not be reached or answered with an error.
 """
 
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     import urllib.request
     from urllib.parse import urlsplit
 
+    from broker.cli.remote import BadAnswer, error_detail, request_json
+
     parts = urlsplit(args.url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         print(f"mcp-broker status: --url {args.url!r} is not an http(s) address, e.g. http://127.0.0.1:8080",
@@ -55,23 +58,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         request = urllib.request.Request(url, headers={"accept": "application/json",
                                                        **({"authorization": f"Bearer {key}"} if key else {})})
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            state = json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("detail", "")
-        except ValueError:
-            detail = ""
+        state = request_json(request)
+        if not isinstance(state.get("figures"), dict):
+            raise BadAnswer("no figures in it")
+        shown = json.dumps(state, indent=2) if args.json else render(state)
+    except urllib.error.HTTPError as exc:  # a redirect too: the key goes to the address given, nowhere else
         hint = " (give --key, a credential with the scope console:read)" if exc.code == 401 else ""
-        print(f"mcp-broker status: {exc.code} {detail}{hint}".rstrip(), file=sys.stderr)
-        return 2 if exc.code in (401, 403, 404, 421) else 75
-    except ValueError as exc:  # an answer that is not the console's JSON: not a broker, or a proxy's page
-        print(f"mcp-broker status: {args.url} did not answer with the console's figures: {exc}", file=sys.stderr)
+        print(f"mcp-broker status: {exc.code} {error_detail(exc)}{hint}".rstrip(), file=sys.stderr)
+        return 2 if exc.code in (401, 403, 404, 421) or 300 <= exc.code < 400 else 75
+    except (BadAnswer, KeyError, TypeError, AttributeError, IndexError) as exc:
+        # Not the console's figures: not a broker, or a proxy's page.
+        reason = exc if isinstance(exc, BadAnswer) else f"{type(exc).__name__} {exc}"
+        print(f"mcp-broker status: {args.url} did not answer with the console's figures: {reason}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"mcp-broker status: {args.url} could not be reached: {exc}", file=sys.stderr)
         return 75
-    print(json.dumps(state, indent=2) if args.json else render(state))
+    print(shown)
     return 0
 
 

@@ -41,7 +41,15 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from broker.changes import Change
-from broker.ops.tracing import CONTEXT_KEYS, TRACEPARENT, TRACESTATE, Finish, header_context
+from broker.ops.tracing import (
+    CONTEXT_KEYS,
+    TRACEPARENT,
+    TRACESTATE,
+    Finish,
+    header_context,
+    valid_traceparent,
+    valid_tracestate,
+)
 from broker.protocol.jsonrpc import RpcError
 
 __all__ = ["OtelTracer"]
@@ -51,21 +59,36 @@ _MARK: Final = b'"' + TRACEPARENT.encode() + b'"'
 
 
 def _parent(meta: Mapping[str, Any] | None) -> Context | None:
-    """The context a change's ``meta`` (or a message's ``_meta``) carries; None without one."""
-    if not meta or TRACEPARENT not in meta:
+    """The context a change's ``meta`` (or a message's ``_meta``) carries; None without a valid one.
+
+    The propagator gets only a ``traceparent`` and a ``tracestate`` of the W3C grammar: anything
+    else is dropped here, silently, as OpenTelemetry would log it verbatim, once per message."""
+    if not meta:
         return None
-    carrier = {key: meta[key] for key in CONTEXT_KEYS if isinstance(meta.get(key), str)}
+    traceparent = meta.get(TRACEPARENT)
+    if not isinstance(traceparent, str) or not valid_traceparent(traceparent):
+        return None
+    carrier = {TRACEPARENT: traceparent}
+    tracestate = meta.get(TRACESTATE)
+    if isinstance(tracestate, str) and valid_tracestate(tracestate):
+        carrier[TRACESTATE] = tracestate
     return _PROPAGATOR.extract(carrier)
 
 
-def _carrying(change: Change, span: Span) -> Change:
-    """``change`` with ``span``'s context in its ``meta``, for the next step to continue the trace."""
+def _carrying(change: Change, span: Span, max_meta_bytes: int | None = None) -> Change:
+    """``change`` with ``span``'s context in its ``meta``, for the next step to continue the trace.
+
+    Unless that ``meta`` would encode to more than ``max_meta_bytes``, the bound a stored change
+    keeps: then the change goes on as it came, without the span's context (never refused for it)."""
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     if not carrier:
         return change
     meta = {key: value for key, value in (change.meta or {}).items() if key not in CONTEXT_KEYS}
-    return replace(change, meta={**meta, **carrier})
+    meta.update(carrier)
+    if max_meta_bytes is not None and len(orjson.dumps(meta)) > max_meta_bytes:
+        return change
+    return replace(change, meta=meta)
 
 
 def _failed(span: Span, error: BaseException) -> None:
@@ -90,7 +113,7 @@ class OtelTracer:
         self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter()))
         self._tracer = self.provider.get_tracer("mcp-broker", version)
 
-    def publishing(self, changes: list[Change], source: str) -> tuple[list[Change], Finish]:
+    def publishing(self, changes: list[Change], source: str, max_meta_bytes: int) -> tuple[list[Change], Finish]:
         spans = [self._tracer.start_span("publish", _parent(change.meta), SpanKind.PRODUCER, {
             "mcp.resource.uri": change.uri, "mcp_broker.tenant": change.tenant, "mcp_broker.change.kind": change.kind,
             "mcp_broker.publish.source": source, "messaging.operation.type": "send"}) for change in changes]
@@ -103,7 +126,8 @@ class OtelTracer:
                     _failed(span, error)
                 span.end()
 
-        return [_carrying(change, span) for change, span in zip(changes, spans, strict=True)], finish
+        carried = [_carrying(change, span, max_meta_bytes) for change, span in zip(changes, spans, strict=True)]
+        return carried, finish
 
     def fanning_out(self, batch: Sequence[tuple[str, Change]]) -> tuple[Sequence[tuple[str, Change]], Finish]:
         spans = [self._tracer.start_span("fanout", _parent(change.meta), SpanKind.CONSUMER, {

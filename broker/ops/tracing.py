@@ -13,13 +13,14 @@ publish, batch or write, so with tracing off the hot path runs no tracing code a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from broker.changes import Change
 
 __all__ = ["CONTEXT_KEYS", "ENDPOINT_VARIABLES", "TRACEPARENT", "TRACESTATE", "Finish", "Tracer", "enabled",
-           "header_context", "valid_traceparent"]
+           "header_context", "valid_traceparent", "valid_tracestate"]
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
@@ -32,6 +33,11 @@ ENDPOINT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTE
 _HEX: Final = frozenset("0123456789abcdef")
 #: A tracestate longer than this is dropped rather than stored with every change (W3C: 32 members, 512 is usual).
 MAX_TRACESTATE: Final = 512
+#: W3C Trace Context: at most 32 list members, each ``key=value``.
+MAX_TRACESTATE_MEMBERS: Final = 32
+_TRACESTATE_MEMBER: Final = re.compile(
+    r"(?P<key>[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 
 #: Ends the spans of one step; given the ids of the changes published (or None) and the error, if any.
 Finish = Callable[[Sequence[str] | None, BaseException | None], None]
@@ -57,6 +63,26 @@ def valid_traceparent(value: str) -> bool:
             and trace_id != "0" * 32 and parent_id != "0" * 16)
 
 
+def valid_tracestate(value: str) -> bool:
+    """Is ``value`` a W3C ``tracestate``: at most ``MAX_TRACESTATE`` characters, at most 32 members of
+    printable ASCII, each ``key=value`` as the grammar has them, no key twice?
+
+    What is not is dropped unread: OpenTelemetry's parser would log a bad member as it came, control
+    characters and all, once per message that carried it."""
+    if len(value) > MAX_TRACESTATE:
+        return False
+    keys: set[str] = set()
+    for member in value.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue  # empty members are allowed
+        match = _TRACESTATE_MEMBER.fullmatch(member)
+        if match is None or match["key"] in keys:
+            return False
+        keys.add(match["key"])
+    return len(keys) <= MAX_TRACESTATE_MEMBERS
+
+
 def header_context(traceparent: str | None, tracestate: str | None) -> dict[str, str] | None:
     """The trace context of a request's W3C headers, as a change's ``meta`` keys; None without a valid one.
 
@@ -69,7 +95,7 @@ def header_context(traceparent: str | None, tracestate: str | None) -> dict[str,
     if not valid_traceparent(traceparent):
         return None
     context = {TRACEPARENT: traceparent}
-    if tracestate and len(tracestate) <= MAX_TRACESTATE:
+    if tracestate and valid_tracestate(tracestate):
         context[TRACESTATE] = tracestate.strip()
     return context
 
@@ -77,9 +103,10 @@ def header_context(traceparent: str | None, tracestate: str | None) -> dict[str,
 class Tracer(Protocol):
     """Makes the spans of a change's way through the broker, and of MCP requests (``broker.ops.otel``)."""
 
-    def publishing(self, changes: list[Change], source: str) -> tuple[list[Change], Finish]:
+    def publishing(self, changes: list[Change], source: str, max_meta_bytes: int) -> tuple[list[Change], Finish]:
         """A span per change about to be appended, child of the change's own context; the changes
-        to append, whose ``meta`` now carries their publish span's context, and what ends the spans."""
+        to append, whose ``meta`` now carries their publish span's context (unless it would then
+        encode to more than ``max_meta_bytes``), and what ends the spans."""
 
     def fanning_out(self, batch: Sequence[tuple[str, Change]]) -> tuple[Sequence[tuple[str, Change]], Finish]:
         """A span per change of a fan-out batch, child of the context its ``meta`` carries; the batch

@@ -112,7 +112,8 @@ class BrokerApp:
             **dict.fromkeys(resource_metadata_paths(settings), (ResourceMetadata(settings), "oauth-metadata", _PROBE)),
             "/console": (ConsoleRedirect(), "console-redirect", _PROBE),
             **{path: (ConsolePage(path, auth_on), "console", _PROBE) for path in CONSOLE_PATHS if path != STATE_PATH},
-            STATE_PATH: (ConsoleState(broker.console, auth_on, challenge), "console-state", _CONSOLE),
+            STATE_PATH: (ConsoleState(broker.console, auth_on, challenge, settings.console_tenants), "console-state",
+                         _CONSOLE),
         }
 
     @property

@@ -5,21 +5,23 @@ no figure, so they are served without credentials (a browser cannot send a beare
 opens a page); the page asks for a key when the figures are refused. ``/console/state.json`` is
 the figures (``broker.ops.console.Console.state``):
 
-* with authentication on, only to a caller holding ``console:read`` (401 without credentials at
-  the edge, 403 with ``insufficient_scope`` without the scope);
+* with authentication on, only to a caller holding ``console:read`` whose tenant is one of
+  ``MCP_BROKER_CONSOLE_TENANTS`` (401 without credentials at the edge, 403 with
+  ``insufficient_scope`` without the scope, 403 from another tenant: none while the setting is empty);
 * with authentication off, only to requests whose ``Host`` is a loopback name (``localhost``,
   ``127.0.0.1``, ``[::1]``), whatever ``MCP_BROKER_ALLOWED_HOSTS`` says, sent from a loopback
-  address and not relayed by a proxy (no ``Forwarded`` or ``X-Forwarded-For``): every caller is
-  then anonymous, and the figures name every tenant. The ``Host`` alone would keep out a page on
-  a rebound name, not a client on another machine, which can send any ``Host``; a proxy on this
-  machine connects from loopback, but says whom it relays. The page and its files follow the
-  same rule.
+  address and without a proxy's header (``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``, ``Via``):
+  every caller is then anonymous, and the figures name every tenant. The ``Host`` alone would keep
+  out a page on a rebound name, not a client on another machine, which can send any ``Host``. A
+  proxy on this machine that relays to the loopback address without such a header (nginx's
+  defaults) cannot be told from a local client: with authentication off, nothing may relay to the
+  worker's loopback address. The page and its files follow the same rule.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib import resources
 from typing import Final
 
@@ -67,14 +69,18 @@ def loopback(scope: Scope) -> bool:
     return host is not None and _LOOPBACK_POLICY.allows(host)
 
 
-_FORWARDED: Final = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip"})
+#: The headers by which a proxy says it relays a request (a proxy that sends none is not seen).
+_FORWARDED: Final = frozenset({b"forwarded", b"x-forwarded-for", b"x-real-ip", b"via", b"x-forwarded-host",
+                               b"x-forwarded-proto", b"x-forwarded-port"})
 
 
 def _loopback_address(address: str) -> bool:
     try:
-        return ipaddress.ip_address(address).is_loopback
+        peer = ipaddress.ip_address(address)
     except ValueError:
         return False
+    mapped = peer.ipv4_mapped if isinstance(peer, ipaddress.IPv6Address) else None  # ::ffff:127.0.0.1
+    return (mapped or peer).is_loopback
 
 
 class ConsolePage:
@@ -103,16 +109,26 @@ class ConsoleRedirect:
 class ConsoleState:
     """The figures, to an operator (``console:read``), or to loopback names while authentication is off."""
 
-    def __init__(self, console: Console, auth_on: bool, challenge: Callable[[str], str]) -> None:
+    def __init__(self, console: Console, auth_on: bool, challenge: Callable[[str], str],
+                 operators: Collection[str] = ()) -> None:
+        """``operators``: the tenants whose credentials may see the figures (``MCP_BROKER_CONSOLE_TENANTS``)."""
         self.console = console
         self.auth_on = auth_on
         self.challenge = challenge
+        self.operators = frozenset(operators)
 
     async def respond(self, scope: Scope, receive: Receive) -> Response:
         if not self.auth_on:
             if not loopback(scope):
                 return detail(403, _OFF_LOOPBACK)
-        elif CONSOLE not in principal_of(scope).scopes:
-            return detail(403, f"the console needs the scope {CONSOLE}",
-                          {"WWW-Authenticate": self.challenge(CONSOLE)})
+        else:
+            # Every tenant's figures: the scope alone would do for any tenant's token from an
+            # authorization server that grants scopes on request; the operators' tenants are named.
+            caller = principal_of(scope)
+            if CONSOLE not in caller.scopes:
+                return detail(403, f"the console needs the scope {CONSOLE}",
+                              {"WWW-Authenticate": self.challenge(CONSOLE)})
+            if caller.tenant not in self.operators:
+                return detail(403, f"the console answers the tenants of MCP_BROKER_CONSOLE_TENANTS only, "
+                                   f"not tenant {caller.tenant!r} (docs/CONSOLE.md)")
         return json_response(await self.console.state())

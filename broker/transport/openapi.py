@@ -82,8 +82,9 @@ DIRECT_ROUTES: Final[dict[str, dict[str, Any]]] = {
                                                                     "content": {"text/html": {}}}})}},
     "console-redirect": {"get": {"summary": "to /console/", "tags": ["operations"],
                                  "responses": {"308": {"description": "Location: console/"}}}},
-    "console-state": {"get": {"summary": "the live console's figures (scope console:read; with authentication "
-                                         "off, this machine only)", "tags": ["operations"],
+    "console-state": {"get": {"summary": "the live console's figures (scope console:read, a tenant of "
+                                         "MCP_BROKER_CONSOLE_TENANTS; with authentication off, this machine only)",
+                              "tags": ["operations"],
                               "responses": _answers(401, 403, 405, 421, ok={"200": _PROBE_OK | {
                                   "description": "the deployment's figures"}})}},
     "oauth-metadata": {"get": {"summary": "OAuth 2.0 protected resource metadata (RFC 9728), with OAuth on",

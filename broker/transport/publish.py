@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope
@@ -56,7 +57,9 @@ class ChangesEndpoint:
             items = await read_json(request, self.max_body_bytes)
             traceparent = request.headers.get("traceparent")
             if traceparent is not None and (context := header_context(traceparent, request.headers.get("tracestate"))):
-                items = [_traced(i, context) for i in items] if isinstance(items, list) else _traced(items, context)
+                bound = self.publisher.rules.max_meta_bytes
+                items = ([_traced(i, context, bound) for i in items] if isinstance(items, list)
+                         else _traced(items, context, bound))
             ids = await self.publisher.publish_items(tenant, items, source="http")
         except BadBody as exc:
             return detail(exc.status, exc.message)
@@ -71,13 +74,21 @@ class ChangesEndpoint:
         return json_response({"ids": ids}, 202)
 
 
-def _traced(item: Any, context: dict[str, str]) -> Any:
-    """A change as given, with the request's trace ``context`` in its ``meta`` unless it has its own."""
+def _traced(item: Any, context: dict[str, str], max_meta_bytes: int) -> Any:
+    """A change as given, with the request's trace ``context`` in its ``meta`` unless it has its own,
+    or the ``meta`` would then encode to more than ``max_meta_bytes``: the header never refuses a change."""
     if not isinstance(item, dict):
         return item  # refused as it is by the publisher
     meta = item.get("meta")
     if meta is None:
-        return {**item, "meta": dict(context)}
-    if isinstance(meta, dict) and TRACEPARENT not in meta:
-        return {**item, "meta": {**context, **meta}}
-    return item
+        traced: dict[str, Any] = dict(context)
+    elif isinstance(meta, dict) and TRACEPARENT not in meta:
+        traced = {**context, **meta}
+    else:
+        return item
+    try:
+        if len(orjson.dumps(traced)) > max_meta_bytes:
+            return item
+    except TypeError:  # not JSON: refused as it is by the publisher
+        return item
+    return {**item, "meta": traced}

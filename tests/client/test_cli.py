@@ -1,4 +1,5 @@
-"""``mcp-broker watch`` as a person and a script use it: under a pseudo-terminal, and with ``--json``."""
+"""``mcp-broker watch`` as a person and a script use it: under a pseudo-terminal, and with ``--json``;
+``publish --url`` and ``status`` against a server that answers what a broker would not."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -173,3 +176,89 @@ async def test_watch_into_a_reader_that_leaves_ends_quietly(broker: BrokerProces
         watching.kill()
     assert watching.stderr.read() == "" and code == 141
     watching.stderr.close()
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("7", 7.0), ("²", None), ("soon", None)])
+def test_a_retry_after_of_other_digits_than_ascii_ones_is_unreadable_not_a_crash(value: str,
+                                                                                  seconds: float | None) -> None:
+    from broker_client.http import retry_after
+
+    assert retry_after(httpx.Headers([(b"retry-after", value.encode("latin-1"))])) == seconds
+
+
+class Stub:
+    """A tiny HTTP server on loopback answering every request with ``answer`` (status, headers, body),
+    and keeping the path and ``Authorization`` of each request it got."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
+        self.seen: list[tuple[str, str | None]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                stub.seen.append((self.path, self.headers.get("authorization")))
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                status, headers, body = stub.answer
+                self.send_response(status)
+                for name, value in {"content-length": str(len(body)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def stub() -> Iterator[Stub]:
+    server = Stub()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+HTML = (200, {"content-type": "text/html"}, b"<html>a proxy's page</html>")
+LIST_ERROR = (500, {"content-type": "application/json"}, b'["not", "an", "object"]')
+
+
+def run_command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
+    from broker.cli import main
+
+    code = main(list(argv))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(("answer", "code"), [
+    (HTML, 2), (LIST_ERROR, 2), ((200, {}, b"{}"), 2), ((202, {}, b'{"ids": []}'), 2)])
+def test_publish_url_says_in_one_line_what_answered_instead_of_a_broker(
+        stub: Stub, capsys: pytest.CaptureFixture[str], answer: tuple[int, dict[str, str], bytes], code: int) -> None:
+    stub.answer = answer
+    returned, lines = run_command(capsys, "publish", "--url", stub.url, "--key", "k", "x:y")
+    assert returned == code and len(lines) == 1 and lines[0].startswith("mcp-broker publish: ")
+
+
+@pytest.mark.parametrize(("answer", "code"), [
+    (HTML, 2), (LIST_ERROR, 75), ((200, {}, b"{}"), 2), ((200, {}, b'{"figures": {}}'), 2)])
+def test_status_says_in_one_line_what_answered_instead_of_the_console(
+        stub: Stub, capsys: pytest.CaptureFixture[str], answer: tuple[int, dict[str, str], bytes], code: int) -> None:
+    stub.answer = answer
+    returned, lines = run_command(capsys, "status", "--url", stub.url, "--key", "k")
+    assert returned == code and len(lines) == 1 and lines[0].startswith("mcp-broker status: ")
+
+
+@pytest.mark.parametrize("command", [["publish", "x:y"], ["status"]])
+def test_publish_and_status_never_follow_a_redirect_with_the_key(
+        stub: Stub, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    elsewhere = stub.url.replace("127.0.0.1", "localhost") + "/elsewhere"
+    stub.answer = (307, {"location": elsewhere}, b"")
+    returned, lines = run_command(capsys, *command, "--url", stub.url, "--key", "s3cr3t")
+    assert returned == 2 and len(lines) == 1 and elsewhere in lines[0] and "not followed" in lines[0]
+    assert [path for path, _ in stub.seen] == ["/changes" if command[0] == "publish" else "/console/state.json"]
+    assert stub.seen[0][1] == "Bearer s3cr3t"

@@ -72,6 +72,17 @@ def test_secrets_are_masked_where_the_settings_are_shown(config: Path) -> None:
     assert masked("webhook_allow", ["10.0.0.0/8"]) == ["10.0.0.0/8"]
 
 
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:p#w@h:6379", "redis://:***@h:6379"),
+    ("redis://u:p?w@h:6379/0", "redis://u:***@h:6379/0"),
+    ("postgresql://app:p/w@pg/db?sslmode=require", "postgresql://app:***@pg/db?sslmode=require"),
+    ("rediss://:a@b#c?d/e@h:6380/1", "rediss://:***@h:6380/1"),
+    ("redis://h:6379/0", "redis://h:6379/0"),
+])
+def test_a_url_password_is_masked_whatever_raw_characters_it_holds(url: str, shown: str) -> None:
+    assert masked("redis_url", url) == shown
+
+
 def test_help_never_shows_a_default_of_none() -> None:
     parser = cli.build_parser()
     parsers = [parser]

@@ -117,12 +117,32 @@ async def test_with_authentication_off_a_loopback_name_from_elsewhere_is_refused
         assert (await http.get("/console/state.json")).status_code == 200
 
 
+@pytest.mark.parametrize("broker", [{"allowed_hosts": ["*"], "host": "0.0.0.0"}], indirect=True)
+@pytest.mark.parametrize("header", ["Via", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port"])
+async def test_with_authentication_off_any_proxys_header_marks_a_request_relayed(broker: Broker, header: str) -> None:
+    value = {"Via": "1.1 proxy", "X-Forwarded-Host": "broker.example", "X-Forwarded-Proto": "https",
+             "X-Forwarded-Port": "443"}[header]
+    async with client(broker, "127.0.0.1:8080", **{header: value}) as http:
+        assert (await http.get("/console/state.json")).status_code == 403
+        assert (await http.get("/console/")).status_code == 403
+
+
+@pytest.mark.parametrize("broker", [{"allowed_hosts": ["*"], "host": "::"}], indirect=True)
+async def test_with_authentication_off_a_dual_stack_loopback_peer_is_this_machine(broker: Broker) -> None:
+    async with client(broker, "127.0.0.1:8080", peer="::ffff:127.0.0.1") as http:
+        assert (await http.get("/console/state.json")).status_code == 200
+    async with client(broker, "127.0.0.1:8080", peer="::ffff:192.0.2.7") as http:
+        assert (await http.get("/console/state.json")).status_code == 403
+
+
 @pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice", TENANT_KEY: "acme/carol"},
                                      "console_tenants": ["ops"], "allowed_hosts": ["*"]}], indirect=True)
 async def test_with_authentication_on_the_figures_need_the_console_scope(broker: Broker) -> None:
     assert broker.keys is not None
     plain = await broker.keys.create("acme", "bob")  # the data scopes only, as every key by default
-    operator = await broker.keys.create("acme", "ops", ["console:read"])
+    operator = await broker.keys.create("ops", "carol", ["console:read"])
+    # The scope alone, from a tenant not in MCP_BROKER_CONSOLE_TENANTS (as an OAuth token asking for it may have).
+    foreign = await broker.keys.create("acme", "mallory", ["console:read"])
     async with client(broker, "broker.example", peer="192.0.2.7") as http:
         # The page holds no figure: served to a browser, which cannot send a token when it opens it.
         assert (await http.get("/console/")).status_code == 200
@@ -132,6 +152,8 @@ async def test_with_authentication_on_the_figures_need_the_console_scope(broker:
             refused = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
             assert refused.status_code == 403
             assert 'scope="console:read"' in refused.headers["www-authenticate"]
+        refused = await http.get("/console/state.json", headers={"Authorization": f"Bearer {foreign.key}"})
+        assert refused.status_code == 403 and "MCP_BROKER_CONSOLE_TENANTS" in refused.json()["detail"]
         for key in (operator.key, STATIC_KEY):  # a static key of MCP_BROKER_CONSOLE_TENANTS holds the scope
             answer = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
             assert answer.status_code == 200 and set(answer.json()["figures"]) == set(FIGURES)
@@ -287,3 +309,13 @@ def test_the_cards_directory_is_the_metrics_directory_of_the_workers(monkeypatch
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     assert Broker(Settings(_env_file=None)).console._card_path.parent == tmp_path  # type: ignore[call-arg,union-attr]
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("broker", [{"api_keys": {STATIC_KEY: "ops/alice"}, "allowed_hosts": ["*"]}], indirect=True)
+async def test_with_authentication_on_and_no_console_tenants_no_credential_sees_the_figures(broker: Broker) -> None:
+    assert broker.keys is not None
+    operator = await broker.keys.create("ops", "carol", ["console:read"])
+    async with client(broker) as http:
+        for key in (operator.key, STATIC_KEY):
+            answer = await http.get("/console/state.json", headers={"Authorization": f"Bearer {key}"})
+            assert answer.status_code == 403

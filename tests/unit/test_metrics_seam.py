@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from broker.config import Settings
-from broker.metrics import NO_METRICS, Metrics, complete
+from broker.metrics import NO_METRICS, Metrics, NoMetrics, complete
 from broker.ops.prometheus import PrometheusMetrics
 from broker.runtime import Broker
 from examples.counting_metrics import CountingMetrics
@@ -71,3 +73,33 @@ async def test_a_broker_samples_its_open_sessions_for_a_binding_that_records() -
     finally:
         await broker.stop()
     assert ("mcp_broker_sessions_open", ()) in binding.values  # set from the count, 0 sessions
+
+
+class Clock:
+    """``time.perf_counter`` as ``broker.methods`` sees it, counting its reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def perf_counter(self) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+
+def test_without_metrics_or_tracing_a_request_reads_no_clock_and_makes_no_closure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.methods
+
+    clock = Clock()
+    monkeypatch.setattr(broker.methods, "time", clock)
+    for metrics in (NO_METRICS, complete(NoMetrics())):  # the null binding, however it is wrapped
+        methods = Broker(Settings(_env_file=None, metrics=False), metrics=metrics).methods  # type: ignore[call-arg]
+        ends = {id(methods.begin("ping", {})) for _ in range(3)}
+        for method in ("ping", "resources/read"):
+            methods.begin(method, {})(None)
+        assert clock.reads == 0 and len(ends) == 1
+    binding = CountingMetrics()
+    methods = Broker(Settings(_env_file=None), metrics=binding).methods  # type: ignore[call-arg]
+    methods.begin("ping", {})(None)
+    assert clock.reads == 2
+    assert binding.get("mcp_server_operation_duration_seconds_count", mcp_method_name="ping") == 1

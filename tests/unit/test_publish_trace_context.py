@@ -48,3 +48,16 @@ async def test_the_traceparent_header_is_the_context_of_every_change_without_one
 
 async def test_an_invalid_traceparent_header_is_ignored_and_the_change_published(broker: Broker) -> None:
     assert await published(broker, {"uri": "https://example.com/a"}, traceparent="00-not-a-context-01") == [None]
+
+
+async def test_the_header_never_pushes_a_change_near_the_meta_bound_into_a_refusal() -> None:
+    broker = Broker(Settings(_env_file=None, metrics=False, embedded_fanout=False,  # type: ignore[call-arg]
+                             max_meta_bytes=100))
+    await broker.start()
+    try:
+        near = {"pad": "x" * 80}  # 92 bytes encoded: the header's context would make it 160
+        metas = await published(broker, [{"uri": "https://example.com/a", "meta": near},
+                                         {"uri": "https://example.com/b"}], traceparent=HEADER)
+        assert metas == [near, {"traceparent": HEADER}]
+    finally:
+        await broker.stop()

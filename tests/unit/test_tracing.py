@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from broker.ops.tracing import enabled, header_context
+from broker.ops.tracing import enabled, header_context, valid_tracestate
 from broker.runtime import default_tracer
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -60,3 +62,57 @@ def test_an_endpoint_without_the_tracing_extra_installed_stops_the_command_with_
     assert lines == ["mcp-broker: bad setting, not started: OTEL_EXPORTER_OTLP_ENDPOINT asks for traces, but "
                      "OpenTelemetry's SDK and OTLP/HTTP exporter are not installed: pip install "
                      "'mcp-broker[tracing]' (docs/TRACING.md)"]
+
+
+@pytest.mark.parametrize("value", [
+    "vendor=abc", "a=1, b=2", "tenant@system=v", " a=1 ,,", "k=" + "v" * 255,
+    ",".join(f"k{i}=v" for i in range(32)),
+])
+def test_a_tracestate_of_the_w3c_grammar_is_valid(value: str) -> None:
+    assert valid_tracestate(value)
+
+
+@pytest.mark.parametrize("value", [
+    "a=1\nWARNING forged log line", "a=1\r\nx=2", "Vendor=abc", "a=1,a=2", "a=", "=1", "a=1=2", "a=é",
+    ",".join(f"k{i}=v" for i in range(33)), "k=" + "v" * 600,
+])
+def test_any_other_tracestate_is_invalid_and_never_stored_from_a_header(value: str) -> None:
+    assert not valid_tracestate(value)
+    assert header_context(PARENT, value) == {"traceparent": PARENT}
+
+
+def test_a_bad_trace_context_in_a_message_is_dropped_without_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from broker.ops.otel import OtelTracer
+
+    exporter = InMemorySpanExporter()
+    tracer = OtelTracer("test", exporter)
+    caplog.set_level(logging.DEBUG)
+    for meta in ({"traceparent": PARENT, "tracestate": "a=1\nWARNING forged"},
+                 {"traceparent": PARENT, "tracestate": ",".join(f"k{i}=v" for i in range(40))},
+                 {"traceparent": PARENT + "-\nforged", "tracestate": "a=1"},
+                 {"traceparent": "x" * 600}):
+        tracer.request("ping", {"_meta": meta}, None)(None, None)
+    tracer.close()
+    assert [record.getMessage() for record in caplog.records if record.name.startswith("opentelemetry")] == []
+    spans = exporter.get_finished_spans()
+    assert [(span.parent.span_id if span.parent else None) for span in spans[:2]] == [0xb7ad6b7169203331] * 2
+    assert all(not span.context.trace_state for span in spans)
+
+
+def test_a_publish_span_context_is_left_out_of_a_meta_it_would_push_past_the_bound() -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from broker.changes import Change
+    from broker.ops.otel import OtelTracer
+
+    tracer = OtelTracer("test", InMemorySpanExporter())
+    near = Change("default", "x:a", meta={"pad": "x" * 80})  # 92 bytes encoded
+    [kept], finish = tracer.publishing([near], "python", 100)
+    [carried], finish_too = tracer.publishing([near], "python", 8192)
+    finish(None, None)
+    finish_too(None, None)
+    tracer.close()
+    assert kept.meta == {"pad": "x" * 80}
+    assert carried.meta is not None and set(carried.meta) == {"pad", "traceparent"}
