@@ -20,7 +20,7 @@ from typing import Final
 
 from broker.backends.base import Broadcast
 from broker.config import Settings
-from broker.delivery.feed import BroadcastFeed
+from broker.delivery.broadcast import ListenBroadcast
 from broker.delivery.listen import ListenIndex
 from broker.delivery.stream import EndReason, Stream, Streams
 from broker.errors import BackendUnavailable, raise_if_cancelled
@@ -62,8 +62,8 @@ class Hub:
         self._tasks: list[asyncio.Task[None]] = []
         #: The broadcast, subscribed while this process has listens open; given up a keep-alive
         #: interval after the last one closed.
-        self.feed = BroadcastFeed(broadcast, listens, streams, idle_ticks=KEEPALIVE_SLOTS)
-        listens.ready = self.feed.ready
+        self.listen_broadcast = ListenBroadcast(broadcast, listens, streams, idle_ticks=KEEPALIVE_SLOTS)
+        listens.ready = self.listen_broadcast.ready
         #: Loop time at which the first backend ping that did not answer was sent; None while
         #: the backend answers (or no stream is open to care).
         self.outage_since: float | None = None
@@ -86,7 +86,7 @@ class Hub:
         while True:
             await asyncio.sleep(self.settings.keepalive_interval / KEEPALIVE_SLOTS)
             turn = (turn + 1) % KEEPALIVE_SLOTS
-            self.feed.tick()
+            self.listen_broadcast.tick()
             for stream in self.streams.all():
                 if hash(stream) % KEEPALIVE_SLOTS == turn:
                     if stream.active:
@@ -232,4 +232,4 @@ class Hub:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        await self.feed.close()
+        await self.listen_broadcast.close()

@@ -2,7 +2,7 @@
 
 A listen has no replay by specification. Its pending notifications are coalesced per URI, so
 its buffer is bounded by the size of its filter. Every worker with listens open receives every
-processed change (the backend's broadcast, subscribed by ``delivery.feed``) and
+processed change (the backend's broadcast, subscribed by ``delivery.broadcast``) and
 ``ListenIndex.on_change`` hands it to the listens of this worker whose filter names one of its
 targets (``broker.notifications``); a listen is registered, and acknowledged, only once the
 broadcast is subscribed (``ready``). When the backend may have lost broadcasts (on Redis, the
@@ -164,7 +164,7 @@ class ListenIndex:
         #: When the changes being handed on were accepted, while they are a sampled batch; else 0.
         self._probe = 0.0
         #: Returns once the changes fanned out from then on reach ``on_change`` (the Hub sets it to
-        #: ``BroadcastFeed.ready``); awaited before a listen is registered, with no wait in between.
+        #: ``ListenBroadcast.ready``); awaited before a listen is registered, with no wait in between.
         self.ready: Callable[[], Awaitable[None]] = _ready
 
     def __len__(self) -> int:

@@ -1,7 +1,7 @@
 """The listen broadcast on Redis (``base.Broadcast``): processed changes to every worker with listens, on ``P:bcast``.
 
 A worker subscribes the one channel while it has handlers (while it has listens open:
-``delivery.feed``), on its pub/sub connection (``wakes.WakeBus``). Pub/sub keeps nothing for a
+``delivery.broadcast``), on its pub/sub connection (``wakes.WakeBus``). Pub/sub keeps nothing for a
 connection that was down, so after a reconnect the handlers' ``on_lost`` callbacks are called
 (``lost``), once the channel is subscribed again. Each change carries its id, and
 ``types.BroadcastFilter`` hands a change to the handlers at most once; the filter starts afresh

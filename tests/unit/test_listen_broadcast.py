@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.delivery.feed import BroadcastFeed
+from broker.delivery.broadcast import ListenBroadcast
 from broker.delivery.listen import ListenIndex
 from broker.delivery.stream import StreamMetrics, Streams
 from broker.errors import BackendUnavailable
@@ -56,21 +56,21 @@ class GatedBroadcast:
         return remove
 
 
-def make() -> tuple[BroadcastFeed, GatedBroadcast, ListenIndex, Streams]:
+def make() -> tuple[ListenBroadcast, GatedBroadcast, ListenIndex, Streams]:
     streams = Streams()
     listens = ListenIndex(streams, 10, {}, StreamMetrics(NO_METRICS, "modern"))
     broadcast = GatedBroadcast()
-    return BroadcastFeed(broadcast, listens, streams, IDLE_TICKS), broadcast, listens, streams
+    return ListenBroadcast(broadcast, listens, streams, IDLE_TICKS), broadcast, listens, streams
 
 
-def tick_past_idle(feed: BroadcastFeed) -> asyncio.Task[None] | None:
+def tick_past_idle(feed: ListenBroadcast) -> asyncio.Task[None] | None:
     """Tick past the idle bound; the give-up the ticks started, if any."""
     started = [task for _ in range(IDLE_TICKS + 1) if (task := feed.tick()) is not None]
     assert len(started) <= 1
     return started[0] if started else None
 
 
-async def given_up(feed: BroadcastFeed, broadcast: GatedBroadcast) -> bool:
+async def given_up(feed: ListenBroadcast, broadcast: GatedBroadcast) -> bool:
     """Tick past the idle bound and wait for the give-up, if one started; whether it unsubscribed."""
     before = broadcast.removes
     if (giving_up := tick_past_idle(feed)) is not None:

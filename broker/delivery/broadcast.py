@@ -18,7 +18,7 @@ from broker.delivery.listen import ListenIndex
 from broker.delivery.stream import Streams
 from broker.errors import BackendUnavailable, raise_if_cancelled
 
-__all__ = ["BroadcastFeed"]
+__all__ = ["ListenBroadcast"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def _retrieve(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-class BroadcastFeed:
+class ListenBroadcast:
     """The broadcast subscribed for this process's listens while it has any.
 
     ``ready`` returns once the subscription is confirmed: every change fanned out from then on
