@@ -19,14 +19,13 @@ from broker.auth import Principal
 from broker.auth.scopes import METHOD_SCOPES, forbidden
 from broker.backends.types import SessionRecord
 from broker.batches import answer_batch, check_batch, encode_batch
-from broker.delivery.legacy import LegacyServices, LegacyStream
 from broker.delivery.listen import Listen, ListenIndex
-from broker.delivery.resumable import ResumableListen, wants_resumable
 from broker.delivery.stream import EndReason
 from broker.errors import AnswerTooLarge, BackendUnavailable, Refusal
-from broker.feeds.listen import ResumableListens, last_event_id
+from broker.feeds.listen import ResumableListen, ResumableListens, last_event_id, wants_resumable
 from broker.feeds.model import FeedKind
 from broker.feeds.service import Feeds
+from broker.feeds.session import SessionServices, SessionStream
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
@@ -43,7 +42,7 @@ logger = logging.getLogger(__name__)
 class Dispatcher:
     """Serves MCP messages of both eras to whichever transport received them."""
 
-    def __init__(self, methods: Methods, feeds: Feeds, listens: ListenIndex, streams: LegacyServices, *,
+    def __init__(self, methods: Methods, feeds: Feeds, listens: ListenIndex, streams: SessionServices, *,
                  max_batch_items: int, max_response_bytes: int, max_read_bytes: int, quotas: Quotas | None = None,
                  resumables: ResumableListens | None = None) -> None:
         """``quotas``: the tenants' ``streams`` and ``listens`` quotas (HTTP only: a stdio process is one client).
@@ -193,12 +192,12 @@ class Dispatcher:
         check_batch(items, self.max_batch_items)
 
     def legacy_stream(self, session: SessionRecord, cursor: int | None, *, resync: bool = False,
-                      priming: bool = False, principal: Principal | None = None) -> LegacyStream:
-        """The session's stream from ``cursor`` (see ``LegacyStream``); ``run`` it on the transport's writer.
+                      priming: bool = False, principal: Principal | None = None) -> SessionStream:
+        """The session's stream from ``cursor`` (see ``SessionStream``); ``run`` it on the transport's writer.
 
         With ``principal``, the stream ends when the principal's credential expires or is revoked.
         """
-        stream = LegacyStream(self.streams, session, cursor, resync=resync, priming=priming)
+        stream = SessionStream(self.streams, session, cursor, resync=resync, priming=priming)
         if principal is not None:
             stream.bind(principal.credential, principal.expires_at)
         return stream

@@ -26,8 +26,8 @@ from broker.auth.scopes import METHOD_SCOPES, SUBSCRIBE, forbidden
 from broker.backends.base import SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.config import Settings
-from broker.delivery.resumable import RESUMABLE
 from broker.errors import LimitExceeded, NotFound, OverQuota, Refusal, ResourceRefused
+from broker.feeds.listen import RESUMABLE
 from broker.metrics import NO_METRICS, Histogram, Metrics, records
 from broker.ops.tracing import Finish, Tracer
 from broker.protocol import jsonrpc as rpc

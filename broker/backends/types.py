@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from broker.changes import Change
-from broker.feeds.model import FeedKind, Filter
+from broker.feeds.model import FeedKind, FeedOwner, Filter
 
 if TYPE_CHECKING:
     from broker.config import Settings
@@ -333,6 +333,11 @@ class WebhookRecord:
     #: A gap notice is owed from ``offset``: stored with the position it starts from, cleared once it was
     #: acknowledged, so a worker that stops halfway leaves it to the next one.
     gap: bool = False
+
+    @property
+    def owner(self) -> FeedOwner:
+        """Whose the subscription is, as its feed records it: a new feed for it is that principal's."""
+        return FeedOwner(self.tenant, self.principal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,15 @@
 """Delivery: the streams one worker holds, and how frames reach them.
 
-``stream`` (what every stream shares: writer, end reasons, the registry), ``legacy`` (a legacy
-session's GET stream, a cursor into its inbox), ``listen`` (2026-07-28 listens and their index),
-``hub`` (the timers, health check and shutdown over all of them).
+``stream`` (what every stream shares: writer, end reasons, the registry), ``listen`` (plain
+2026-07-28 listens and their index), ``broadcast`` (the listen broadcast, received while listens
+are open), ``hub`` (the timers, health check and shutdown over all of them). The streams that
+read a feed (a 2025 session's, a resumable listen's) are views of it, in ``broker.feeds``.
 """
 
 from __future__ import annotations
 
 from broker.delivery.hub import Hub
-from broker.delivery.legacy import LegacyServices, LegacyStream, coalesce
 from broker.delivery.listen import Listen, ListenIndex
 from broker.delivery.stream import EndReason, Stream, StreamMetrics, Streams, Writer
 
-__all__ = ["EndReason", "Hub", "LegacyServices", "LegacyStream", "Listen", "ListenIndex", "Stream", "StreamMetrics",
-           "Streams", "Writer", "coalesce"]
+__all__ = ["EndReason", "Hub", "Listen", "ListenIndex", "Stream", "StreamMetrics", "Streams", "Writer"]

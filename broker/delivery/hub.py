@@ -106,7 +106,7 @@ class Hub:
         while True:
             await asyncio.sleep(every / TOUCH_SLOTS)
             turn = (turn + 1) % TOUCH_SLOTS
-            sids = [sid for sid in set(self.streams.legacy.values()) if hash(sid) % TOUCH_SLOTS == turn]
+            sids = [sid for sid in set(self.streams.feeds.values()) if hash(sid) % TOUCH_SLOTS == turn]
             try:
                 for start in range(0, len(sids), TOUCH_CHUNK):
                     await self.touch(sids[start:start + TOUCH_CHUNK])
@@ -170,7 +170,7 @@ class Hub:
                         self.outage_since = ended_for = None
                     elif self.outage_since is None:
                         self.outage_since = sent
-                streams = bool(self.streams.legacy or self.streams.listens)
+                streams = bool(self.streams.feeds or self.streams.listens)
                 if not streams and ping is None:
                     self.outage_since = None  # nothing to protect; a later stream starts afresh
                 elif ping is None and now >= next_ping:

@@ -1,7 +1,8 @@
 """What every stream shares: where its messages go, how it sleeps and wakes, and why it ended.
 
-A stream is one long-lived answer to a client: a legacy session's GET stream
-(``delivery.legacy``) or a 2026-07-28 listen (``delivery.listen``). Each runs in the task of the
+A stream is one long-lived answer to a client: a 2025 session's GET stream or a resumable
+listen (views of a feed, ``feeds.session``, ``feeds.listen``) or a plain 2026-07-28 listen
+(``delivery.listen``). Each runs in the task of the
 request that opened it, writes through a ``Writer`` (an SSE response or the stdio channel)
 and ends for one ``EndReason``; the reason says what the client is told at the end.
 
@@ -19,6 +20,7 @@ import time
 from enum import StrEnum
 from typing import Final, Protocol
 
+from broker.feeds.model import FeedKind
 from broker.metrics import Metrics, accepted_at
 from broker.ops.tracing import Tracer
 
@@ -206,23 +208,43 @@ class Stream:
 class Streams:
     """The streams this process holds now, for the Hub's timers, health check and shutdown.
 
-    ``legacy`` maps each open GET stream to its session id (the Hub keeps those sessions'
-    idle clocks running); ``listens`` holds the open listens (``ListenIndex`` adds and removes
-    them). A resumable listen is a session's stream, so it is in ``legacy``; ``resumable``
-    counts those, so that health reports it as the listen it is. ``closing`` is set once the
-    worker stops: a stream asked for from then on ends at once.
+    ``feeds`` maps each open stream that reads a feed (a 2025 session's GET stream, a resumable
+    listen) to its feed's id, whose idle clock the Hub keeps running; ``by_kind`` counts them by
+    the kind of their feed, so a resumable listen counts as the listen it is, not as a session.
+    ``listens`` holds the open plain listens (``ListenIndex`` adds and removes them).
+    ``closing`` is set once the worker stops: a stream asked for from then on ends at once.
     """
 
-    __slots__ = ("closing", "legacy", "listens", "resumable")
+    __slots__ = ("by_kind", "closing", "feeds", "listens")
 
     def __init__(self) -> None:
-        self.legacy: dict[Stream, str] = {}
+        self.feeds: dict[Stream, str] = {}
+        self.by_kind: dict[FeedKind, int] = dict.fromkeys(FeedKind, 0)
         self.listens: dict[Stream, None] = {}
-        self.resumable = 0
         self.closing = False
 
+    def add(self, stream: Stream, feed: str, kind: FeedKind) -> None:
+        """``stream`` reads ``feed``, of ``kind``, from now on."""
+        if stream not in self.feeds:
+            self.by_kind[kind] += 1
+        self.feeds[stream] = feed
+
+    def remove(self, stream: Stream, kind: FeedKind) -> None:
+        if self.feeds.pop(stream, None) is not None:
+            self.by_kind[kind] -= 1
+
+    @property
+    def sessions(self) -> int:
+        """Open GET streams of 2025 sessions."""
+        return self.by_kind[FeedKind.SESSION]
+
+    @property
+    def all_listens(self) -> int:
+        """Open listens, plain and resumable."""
+        return len(self.listens) + self.by_kind[FeedKind.LISTEN]
+
     def all(self) -> list[Stream]:
-        return [*self.legacy, *self.listens]
+        return [*self.feeds, *self.listens]
 
     def __len__(self) -> int:
-        return len(self.legacy) + len(self.listens)
+        return len(self.feeds) + len(self.listens)

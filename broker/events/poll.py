@@ -1,5 +1,8 @@
 """``events/poll``: the events of a subscription after an opaque cursor, or ``truncated: true``.
 
+The method: its parameters, the feed ``Feeds.resume`` finds or makes, and the result's shape.
+The page itself is a view of the feed (``broker.feeds.poll``).
+
 ``cursor: null`` starts a subscription: a feed of kind ``poll`` (``broker.feeds``) and its head
 as the cursor, no events. A cursor names that feed and a position in its inbox; the same
 principal with the same arguments reads what follows it, ``maxEvents`` at most (``hasMore``
@@ -12,15 +15,12 @@ gap rule: an event for every URI of the arguments. Never silence, never another'
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from broker.backends.base import Inboxes
-from broker.backends.types import SessionRecord
 from broker.config import Settings
-from broker.events.model import event_filter, gap_events, occurrences, wanted
+from broker.events.model import event_filter, wanted
 from broker.feeds.model import Cursor, FeedKind
-from broker.feeds.reader import FeedReader
+from broker.feeds.poll import PollPage
 from broker.feeds.service import Feeds
 from broker.methods import Call, Methods
 from broker.protocol import jsonrpc as rpc
@@ -36,11 +36,10 @@ def _count(params: dict[str, Any], name: str, default: int, most: int) -> int:
 
 
 class EventPolls:
-    def __init__(self, settings: Settings, methods: Methods, feeds: Feeds, inboxes: Inboxes) -> None:
+    def __init__(self, settings: Settings, methods: Methods, feeds: Feeds) -> None:
         self.settings = settings
         self.methods = methods
         self.feeds = feeds
-        self.reader = FeedReader(inboxes)
 
     async def poll(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         """Raises RpcError: -32602 (400) for bad params or a cursor this server never issues. OverQuota,
@@ -59,32 +58,17 @@ class EventPolls:
         return await self._poll(call, what, parsed, limit)
 
     async def _poll(self, call: Call, what: dict[str, Any], cursor: Cursor | None, limit: int) -> dict[str, Any]:
-        position = await self.feeds.resume(call.principal, cursor, FeedKind.POLL, event_filter(what))
+        feed_filter = event_filter(what)
+        position = await self.feeds.resume(call.principal, cursor, FeedKind.POLL, feed_filter)
         found = position.feed
         if cursor is None:
             return self._result([], str(Cursor(found.id, found.epoch, 0)), truncated=False, more=False)
+        page = PollPage(call.principal, feed_filter, found, cursor.offset)
         if position.resync:
-            head = 0 if position.new else await self.reader.head(found)
-            return await self._truncated(found, head, call, what)
-        offset = cursor.offset
-        read = await self.reader.next(found.id, found.epoch, offset, limit)
-        if read.gone is not None:  # a new feed, and the gap rule
-            return await self._truncated(None, 0, call, what)
-        if read.resync:
-            found.epoch = read.epoch
-            return await self._truncated(found, read.head, call, what)
-        last = read.frames[-1][0] if read.frames else offset
-        events = occurrences(found.id, found.epoch, read.frames, time.time())
-        return self._result(events, str(Cursor(found.id, found.epoch, last)), truncated=False, more=read.head > last)
-
-    async def _truncated(self, feed: SessionRecord | None, head: int, call: Call,
-                         what: dict[str, Any]) -> dict[str, Any]:
-        """The gap rule from the head of ``feed``, or of a new one when None."""
-        if feed is None:
-            feed = await self.feeds.create(call.principal, FeedKind.POLL, event_filter(what))
-        cursor = str(Cursor(feed.id, feed.epoch, head))
-        return self._result(gap_events(cursor, what["arguments"]["uris"], time.time()), cursor, truncated=True,
-                            more=False)
+            await page.resync(found.epoch, 0 if position.new else await self.feeds.reader.head(found))
+        else:
+            await self.feeds.reader.drain(page, limit, once=True)
+        return self._result(page.events, page.cursor, truncated=page.truncated, more=page.more)
 
     def _result(self, events: list[dict[str, Any]], cursor: str, *, truncated: bool, more: bool) -> dict[str, Any]:
         return {"events": events, "cursor": cursor, "truncated": truncated, "hasMore": more,

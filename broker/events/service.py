@@ -35,7 +35,7 @@ class Events:
         ``buckets``: the worker's ``Quotas``, which count each tenant's webhook verifications."""
         self.settings = settings
         self.callbacks = Callbacks(settings)
-        self.polls = EventPolls(settings, methods, feeds, inboxes)
+        self.polls = EventPolls(settings, methods, feeds)
         self.webhooks = WebhookSubscriptions(settings, methods, feeds, store, self.callbacks,
                                              authenticated=not isinstance(authenticator, Anonymous), quotas=quotas,
                                              buckets=buckets)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-__all__ = ["LEGACY_FEED_VERSION", "MAX_FEED_ID", "Cursor", "FeedKind", "Filter", "cursor_of", "format_event_id",
-           "legacy_kind", "parse_event_id", "valid_id"]
+__all__ = ["LEGACY_FEED_VERSION", "MAX_FEED_ID", "Cursor", "FeedKind", "FeedOwner", "Filter", "Owner", "cursor_of",
+           "format_event_id", "legacy_kind", "parse_event_id", "valid_id"]
 
 #: Feed ids longer than this are never looked up (the broker's are 32 characters).
 MAX_FEED_ID: Final = 128
@@ -34,6 +34,24 @@ class FeedKind(StrEnum):
     LISTEN = "listen"  # a resumable 2026-07-28 listen
     POLL = "poll"  # events/poll
     WEBHOOK = "webhook"  # events/subscribe
+
+
+class Owner(Protocol):
+    """Whose a feed is: the tenant and the principal's key (``<tenant>/<subject>``) its record holds."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FeedOwner:
+    """An ``Owner`` as a record keeps it (a webhook subscription's), rather than as a request authenticated it."""
+
+    tenant: str
+    key: str
 
 
 @dataclass(frozen=True, slots=True)

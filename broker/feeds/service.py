@@ -29,7 +29,8 @@ from broker.auth import Principal
 from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
 from broker.backends.types import SessionRecord
 from broker.errors import BackendUnavailable, LimitExceeded, OverQuota, Reason, SessionNotFound
-from broker.feeds.model import Cursor, FeedKind, Filter, valid_id
+from broker.feeds.model import Cursor, FeedKind, Filter, Owner, valid_id
+from broker.feeds.reader import FeedReader
 from broker.metrics import NO_METRICS, Metrics, TenantCounter, TenantLabels
 from broker.quotas import TenantQuotas
 
@@ -86,10 +87,12 @@ class Feeds:
         self.quotas = quotas or TenantQuotas()
         self.max_sessions = max_sessions
         self.tenant_max = tenant_max
+        #: The one reader of feeds' inboxes; a poll's or webhook's feed that is gone is renewed here.
+        self.reader = FeedReader(inboxes, self.create)
         self._created = TenantCounter(metrics, "mcp_broker_tenant_sessions_created_total",
                                       tenant_labels or TenantLabels(0))
 
-    async def create(self, principal: Principal, kind: FeedKind, feed_filter: Filter | None = None, *,
+    async def create(self, principal: Owner, kind: FeedKind, feed_filter: Filter | None = None, *,
                      version: str = FEED_VERSION, client_info: dict[str, Any] | None = None,
                      capabilities: dict[str, Any] | None = None) -> SessionRecord:
         """A new feed of ``kind`` with a cryptographically random id (visible ASCII only), subscribed to its

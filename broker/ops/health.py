@@ -35,5 +35,4 @@ class Health:
         except BackendUnavailable:
             return False, {"status": "unavailable"}
         streams = self.streams
-        return True, {"status": "ok", "streams": len(streams.legacy) - streams.resumable,
-                      "listens": len(streams.listens) + streams.resumable}
+        return True, {"status": "ok", "streams": streams.sessions, "listens": streams.all_listens}

@@ -28,13 +28,14 @@ from broker.backends import Backend, create_backend
 from broker.backends.base import SubscriptionIndex
 from broker.changes import ChangeKind, ChangeRules
 from broker.config import Settings
-from broker.delivery import Hub, LegacyServices, ListenIndex, StreamMetrics, Streams
+from broker.delivery import Hub, ListenIndex, StreamMetrics, Streams
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, raise_if_cancelled
 from broker.events.service import Events
 from broker.fanout import Fanout
 from broker.feeds.listen import ResumableListens
 from broker.feeds.service import Feeds
+from broker.feeds.session import SessionServices
 from broker.methods import Methods
 from broker.metrics import NO_METRICS, Instruments, Metrics, TenantCounter, TenantLabels, complete
 from broker.ops.console import Console
@@ -181,9 +182,9 @@ class Broker:
         self.feeds = Feeds(backend.sessions, backend.inboxes, index, settings.max_sessions, metrics=metrics,
                            tenant_labels=tenants, quotas=self.quotas.quotas,
                            tenant_max=tenant_share(settings, settings.max_sessions))
-        legacy = LegacyServices(backend.inboxes, backend.sessions, backend.subscriptions, self.streams,
-                                StreamMetrics(metrics, "legacy", tracer), inbox_batch=settings.inbox_batch,
-                                stream_buffer=settings.stream_buffer)
+        legacy = SessionServices(backend.inboxes, self.feeds.reader, backend.sessions, backend.subscriptions,
+                                 self.streams, StreamMetrics(metrics, "legacy", tracer),
+                                 inbox_batch=settings.inbox_batch, stream_buffer=settings.stream_buffer)
         #: The events extension (experimental): its methods, and this worker's webhook deliveries.
         self.events = Events(settings, self.methods, self.feeds, backend.inboxes, backend.webhooks,
                              backend.leases, backend.sessions.touch, authenticator=self.authenticator,

@@ -32,9 +32,9 @@ from starlette.types import Receive, Scope, Send
 from broker.auth import Principal, scopes
 from broker.auth.scopes import SUBSCRIBE
 from broker.delivery import EndReason, Listen
-from broker.delivery.resumable import ResumableListen
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, Refusal, SessionNotFound
+from broker.feeds.listen import ResumableListen
 from broker.feeds.model import Cursor, parse_event_id
 from broker.feeds.service import SessionRecord, honours
 from broker.methods import Call

@@ -8,7 +8,7 @@ cannot corrupt the channel.
 
 Legacy: ``initialize`` creates a session in the configured backend for the default tenant's
 anonymous principal (stdio takes no credentials from the wire). Its notifications flow
-through the same inbox as on HTTP into a ``LegacyStream`` whose writer is stdout; the stream
+through the same inbox as on HTTP into a ``SessionStream`` whose writer is stdout; the stream
 starts on ``notifications/initialized`` (or the first ``resources/subscribe``), and since it
 reads the inbox from the start nothing published before it is lost. A stream that ends for a
 reason this process can resume from (an outage) is started again from its cursor, since a
@@ -32,11 +32,12 @@ from typing import IO, Any, Protocol
 
 from broker.auth import Principal
 from broker.config import Settings
-from broker.delivery import EndReason, LegacyStream, Listen
-from broker.delivery.resumable import ResumableListen
+from broker.delivery import EndReason, Listen
 from broker.dispatch import Dispatcher
 from broker.errors import BackendUnavailable, Refusal
+from broker.feeds.listen import ResumableListen
 from broker.feeds.service import SessionRecord
+from broker.feeds.session import SessionStream
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import stdio_era
@@ -74,7 +75,7 @@ class StdioServer:
         self.max_line = max_line
         self.retry_ms = retry_ms
         self.session: SessionRecord | None = None
-        self.stream: LegacyStream | None = None
+        self.stream: SessionStream | None = None
         self.stream_task: asyncio.Task[EndReason] | None = None
         #: In-flight modern requests (listens included) by JSON-RPC id.
         self.tasks: dict[rpc.Id, asyncio.Task[None]] = {}

@@ -21,8 +21,8 @@ import pytest
 from broker.auth import Principal
 from broker.config import Settings
 from broker.delivery import EndReason
-from broker.delivery.legacy import LegacyStream
 from broker.feeds.model import parse_event_id
+from broker.feeds.session import SessionStream
 from broker.methods import Call
 from broker.protocol import jsonrpc as rpc
 from broker.runtime import Broker
@@ -87,7 +87,7 @@ class Frames:
 class Stream:
     """A client's open legacy GET stream."""
 
-    def __init__(self, stream: LegacyStream) -> None:
+    def __init__(self, stream: SessionStream) -> None:
         self.stream = stream
         self.writer = Frames()
         self.task = asyncio.create_task(stream.run(self.writer))

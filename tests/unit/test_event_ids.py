@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.backends.base import Frame
-from broker.delivery import coalesce
 from broker.feeds.model import format_event_id, parse_event_id
+from broker.feeds.session import coalesce
 
 
 def test_an_issued_event_id_parses_back_to_its_epoch_and_offset() -> None:

@@ -206,7 +206,7 @@ class RedisInboxes:
         with no message through Redis: the script read the session's node atomically with its
         append, so a stream that claimed the session since then read its inbox after this
         append, and a stream of this process gets the frames now. Either way the stream's
-        offsets tell it whether a wake-up follows on what it has (``delivery.legacy``).
+        offsets tell it whether a wake-up follows on what it has (``feeds.session``).
         """
         replies = [value for result in results for value in result]
         heads = list(map(int, replies[0::4]))

@@ -120,8 +120,7 @@ class Console:
             tenants[(lease.tenant, lease.kind)] += 1
         return {
             "pid": self.pid, "host": self.host, "started_at": round(self.started_at, 3), "at": round(now, 3),
-            "streams": len(streams.legacy) - streams.resumable,
-            "listens": len(streams.listens) + streams.resumable,
+            "streams": streams.sessions, "listens": streams.all_listens,
             "changes_per_second": self._rate(now),
             "consumer": self.consumer(),
             # Each source's lease owner while it runs here (None: it does not run here now).

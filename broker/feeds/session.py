@@ -1,4 +1,4 @@
-"""The GET stream of a handshake-era session: a cursor into the session's inbox.
+"""The session view: the GET stream (SSE or stdio) of a 2025 session, a cursor into the session's inbox.
 
 The stream owns no buffer of its own: the session's inbox in the backend is the source of
 truth and the stream is a cursor into it. Wake-ups usually carry the frame, so the common case
@@ -9,7 +9,9 @@ never sent twice). Event ids are ``<epoch>-<offset>``; any worker can resolve th
 
 The stream keeps its session's record and a copy of its subscriptions, so that a session lost
 with the store's data is put back and given the gap rule, while an ended one ends the stream
-(docs/DESIGN-NOTES.md, "A store that lost its data").
+(docs/DESIGN-NOTES.md, "A store that lost its data"). That rule, the reading and the resync
+are ``feeds.reader``'s loop; the stream is its ``View``, and keeps the fast path of its own:
+frames carried in wake-ups, sent with no read.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from broker.backends.base import Inboxes, SessionStore, SubscriptionIndex
 from broker.backends.types import CLOSE_ALL, Frame, InboxRead, SessionRecord, Wake
 from broker.delivery.stream import SAMPLE_EVERY, EndReason, Stream, StreamMetrics, Streams, Writer
 from broker.errors import BackendUnavailable
-from broker.feeds.model import format_event_id
-from broker.feeds.reader import Gone, batch_of
+from broker.feeds.model import FeedKind, format_event_id
+from broker.feeds.reader import Batch, FeedReader, Gone, View, batch_of
 from broker.notifications import LIST_CHANGED_KEY, resync_frames
 
-__all__ = ["LegacyServices", "LegacyStream", "coalesce"]
+__all__ = ["SessionServices", "SessionStream", "coalesce"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,11 @@ def coalesce(frames: list[tuple[int, Frame]]) -> list[tuple[int, Frame]]:
 
 
 @dataclass(frozen=True, slots=True)
-class LegacyServices:
-    """What every legacy stream of the process uses: one object, shared, so a stream holds one reference."""
+class SessionServices:
+    """What every session stream of the process uses: one object, shared, so a stream holds one reference."""
 
     inboxes: Inboxes
+    reader: FeedReader
     sessions: SessionStore
     subscriptions: SubscriptionIndex
     streams: Streams
@@ -56,13 +59,15 @@ class LegacyServices:
     stream_buffer: int
 
 
-class LegacyStream(Stream):
-    """The one live GET stream of a legacy session."""
+class SessionStream(Stream, View):
+    """The one live GET stream of a 2025 session: a ``View`` of its feed."""
 
     __slots__ = ("_dirty", "_expect", "_from_head", "_live", "_priming", "_resync_first", "_sub_log", "_superseded",
-                 "cursor", "generation", "services", "session", "subscriptions")
+                 "_writer", "cursor", "generation", "services", "session", "subscriptions")
 
-    def __init__(self, services: LegacyServices, session: SessionRecord, cursor: int | None, *,
+    kind = FeedKind.SESSION
+
+    def __init__(self, services: SessionServices, session: SessionRecord, cursor: int | None, *,
                  resync: bool = False, priming: bool = False) -> None:
         """``cursor`` None: from the start of the inbox for a session's first stream, else from its head.
 
@@ -85,6 +90,7 @@ class LegacyStream(Stream):
         #: while the load is in flight are logged and applied on top of it, in order.
         self.subscriptions: set[str] | None = None
         self._sub_log: list[tuple[bool, str]] = []
+        self._writer: Writer | None = None
 
     def _on_wake(self, wake: Wake) -> None:
         if wake.kind == "takeover":
@@ -120,7 +126,8 @@ class LegacyStream(Stream):
         """Serve the stream on ``writer`` until it ends; returns why it ended."""
         services = self.services
         unwatch: Callable[[], Awaitable[None]] | None = None
-        services.streams.legacy[self] = self.session.id
+        self._writer = writer
+        services.streams.add(self, self.session.id, self.kind)
         services.metrics.open.inc()
         if services.streams.closing:  # shutdown began while this stream was being set up
             self.end(EndReason.SHUTDOWN)
@@ -144,7 +151,8 @@ class LegacyStream(Stream):
             self.end(EndReason.UNAVAILABLE)
         finally:
             self.unbind()
-            services.streams.legacy.pop(self, None)
+            services.streams.remove(self, self.kind)
+            self._writer = None
             services.metrics.ended(self.ended or EndReason.DISCONNECT)
             if unwatch is not None:
                 try:
@@ -198,7 +206,7 @@ class LegacyStream(Stream):
                 subscriptions.discard(uri)
         self._sub_log.clear()
 
-    async def _restore(self) -> bool:
+    async def restore(self) -> bool:
         """Put back a session the store lost; False when that is impossible (the stream ends)."""
         sessions = self.services.sessions
         record = replace(self.session)
@@ -222,45 +230,39 @@ class LegacyStream(Stream):
         return True
 
     async def _drain(self, writer: Writer, first: InboxRead | None = None) -> None:
-        """Send what the inbox holds after the cursor; ``first`` is a read already made from it
-        (the stream's start), with ``_dirty`` cleared before it was made."""
-        inboxes = self.services.inboxes
-        batch = self.services.inbox_batch
+        """Send what the inbox holds after the cursor (``FeedReader.drain``); ``first`` is a read already
+        made from it (the stream's start), with ``_dirty`` cleared before it was made."""
         if first is None:
             self._dirty = False
             self._live = []
             # Wakes that arrive while the read is in flight may or may not be in it: mark them dirty.
             self._expect = None
-        restored = False
-        while self.ended is None:
-            if first is None:
-                read = batch_of(self.session.epoch, await inboxes.read(self.session.id, self.session.epoch,
-                                                                       self.cursor, batch))
-            else:
-                read, first = batch_of(self.session.epoch, first), None
-            if read.gone is not None:
-                # A session's or a listen's feed is put back after a loss, its client
-                # comes back to it; after an ending (DELETE, expiry) there is nothing to restore.
-                if read.gone is Gone.ENDED:
-                    self.end(EndReason.GONE)
-                elif restored or not await self._restore():
-                    self.end(EndReason.LOST)  # lost again at once, or cannot be put back: retry, do not spin
-                else:
-                    restored = True
-                    # The gap rule from the restored (empty) inbox: whatever fan-out appends to it
-                    # from now on follows the resync.
-                    self.cursor = 0
-                    await self._resync(writer)
-                continue
-            if read.resync:
-                self.session.epoch, self.cursor = read.epoch, read.head
-                await self._resync(writer)
-                continue
-            self.services.metrics.replayed.inc(len(read.frames))
-            await self._send(writer, read.frames)
-            if len(read.frames) < batch:
-                break
+        await self.services.reader.drain(self, self.services.inbox_batch, first)
         self._expect = self.cursor + 1
+
+    # The View: the loop's reading of this stream's feed.
+
+    def position(self) -> tuple[str, str, int]:
+        return self.session.id, self.session.epoch, self.cursor
+
+    def reading(self) -> bool:
+        return self.ended is None
+
+    async def send(self, batch: Batch) -> None:
+        self.services.metrics.replayed.inc(len(batch.frames))
+        await self._send(self._writer_now(), batch.frames)
+
+    async def resync(self, epoch: str, head: int) -> None:
+        self.session.epoch, self.cursor = epoch, head
+        await self._resync(self._writer_now())
+
+    async def over(self, gone: Gone) -> None:
+        self.end(EndReason.GONE if gone is Gone.ENDED else EndReason.LOST)
+
+    def _writer_now(self) -> Writer:
+        if self._writer is None:
+            raise RuntimeError("a stream is read only while it runs")
+        return self._writer
 
     async def _resync(self, writer: Writer) -> None:
         """The gap rule: tell the client to re-read everything it watches; the cursor is at the head.
