@@ -191,7 +191,10 @@ CATALOG: Final[dict[str, Instrument]] = {
         "counter", "Times this process found the backend's data lost (a new epoch: Redis restarted empty)"),
     "mcp_broker_sources_running": Instrument("gauge", "Change sources this process runs now", ("source",)),
     "mcp_broker_sessions_open": Instrument(
-        "gauge", "Live legacy sessions of the deployment, as this worker last counted them"),
+        "gauge", "Live 2025 sessions of the deployment, as this worker last counted them"),
+    "mcp_broker_feeds_open": Instrument(
+        "gauge", "Live feeds of the deployment (sessions, resumable listens, poll and webhook subscriptions: "
+                 "what MCP_BROKER_MAX_SESSIONS bounds), as this worker last counted them"),
     "mcp_broker_publish_to_frame_seconds": Instrument(
         "histogram", "From a change's acceptance into the change log to its frame's write to a client, by era",
         ("era",)),

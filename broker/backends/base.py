@@ -111,7 +111,11 @@ class SessionStore(Protocol):
         it first, or it was never lost); the caller then reads it with ``get``.
         """
 
-    async def count(self) -> int: ...
+    async def count(self) -> int:
+        """Live feeds of every kind: what ``max_sessions`` bounds."""
+
+    async def count_sessions(self) -> int:
+        """Live feeds of kind session (2025 sessions), the others left out."""
 
     async def expire(self) -> int:
         """Remove sessions idle longer than the TTL; returns how many (a no-op where the store expires keys)."""

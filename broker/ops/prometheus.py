@@ -61,6 +61,7 @@ GAUGE_MODES: Final[dict[str, GaugeMode]] = {
     # A deployment-wide figure every worker counts for itself (the store's session count): summing
     # would multiply it by the workers; the most recent count is the freshest one.
     "mcp_broker_sessions_open": "livemostrecent",
+    "mcp_broker_feeds_open": "livemostrecent",
     # Reported by the partition's fan-out holder; every other worker reports 0 for a partition it
     # does not hold (it sets 0 when it loses the lease), so the largest live value is the holder's.
     "mcp_broker_changelog_lag_entries": "livemax",

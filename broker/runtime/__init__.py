@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 #: Brokers started in this process, so the server can end their streams on SIGTERM.
 RUNNING: weakref.WeakSet[Broker] = weakref.WeakSet()
 
-#: Seconds between two counts of the deployment's live sessions (``mcp_broker_sessions_open``).
+#: Seconds between two counts of the deployment's live sessions and feeds (``mcp_broker_sessions_open``,
+#: ``mcp_broker_feeds_open``).
 SESSIONS_COUNT_INTERVAL = 5.0
 
 
@@ -199,6 +200,7 @@ class Broker:
                                      resumables=resumables)
         self.health = Health(backend.ping, self.streams)
         self._sessions_open = metrics.gauge("mcp_broker_sessions_open")
+        self._feeds_open = metrics.gauge("mcp_broker_feeds_open")
         self.fanout: Fanout | None = None
         self._sources: list[ChangeSource] = []
         self._runners: list[SourceRunner] = []
@@ -306,10 +308,12 @@ class Broker:
         return None if self.fanout is None else self.fanout.name
 
     async def _count_sessions(self) -> None:
-        """``mcp_broker_sessions_open``, sampled every ``SESSIONS_COUNT_INTERVAL`` seconds (the first at once):
-        one count of the store, off every request's path."""
+        """``mcp_broker_feeds_open`` (every feed, what ``max_sessions`` bounds) and ``mcp_broker_sessions_open``
+        (the 2025 sessions among them), sampled every ``SESSIONS_COUNT_INTERVAL`` seconds (the first at once):
+        two counts of the store, off every request's path."""
         try:
-            self._sessions_open.set(await self.backend.sessions.count())
+            self._feeds_open.set(await self.backend.sessions.count())
+            self._sessions_open.set(await self.backend.sessions.count_sessions())
         except BackendUnavailable:
             pass  # the figure stays as last counted
         except Exception:  # the sample's boundary: counting must go on after any one failure

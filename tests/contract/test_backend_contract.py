@@ -117,6 +117,23 @@ async def test_a_feed_lost_with_the_stores_data_is_restored_as_its_kind(backend:
                                                                                  record.since)
 
 
+async def test_only_feeds_of_kind_session_count_as_sessions(backend: Backend) -> None:
+    session = new_session(backend)
+    await backend.sessions.create(session)
+    for kind in (FeedKind.LISTEN, FeedKind.POLL, FeedKind.WEBHOOK):
+        record = new_session(backend)
+        record.kind, record.filter = kind, Filter.of(["x:a"])
+        await backend.sessions.create(record)
+    await backend.sessions.touch([session.id])
+
+    assert (await backend.sessions.count(), await backend.sessions.count_sessions()) == (4, 1)
+
+    await backend.sessions.delete(session.id)
+    assert (await backend.sessions.count(), await backend.sessions.count_sessions()) == (3, 0)
+    assert await backend.sessions.restore(session, set()) is True
+    assert await backend.sessions.count_sessions() == 1
+
+
 async def test_deleting_a_session_removes_its_subscriptions_index_entries_and_inbox(backend: Backend) -> None:
     sid, other = await open_session(backend), await open_session(backend)
     for session in (sid, other):

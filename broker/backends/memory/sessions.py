@@ -15,6 +15,7 @@ from typing import Any
 from broker.backends.memory.state import Inbox, SessionState
 from broker.backends.types import SessionRecord
 from broker.errors import OverQuota
+from broker.feeds.model import FeedKind
 
 __all__ = ["MemorySessions"]
 
@@ -83,6 +84,9 @@ class MemorySessions:
 
     async def count(self) -> int:
         return len(self._state.records)
+
+    async def count_sessions(self) -> int:
+        return sum(1 for record in self._state.records.values() if record.kind is FeedKind.SESSION)
 
     async def expire(self) -> int:
         expired = [sid for sid in self._state.records if self._state.expired(sid)]

@@ -9,6 +9,7 @@ key                            type        what
 ``P:partitions``               string      change-log partition count of the current layout
 ``P:partitioning``             string      the change log's layouts, JSON (``partitioning``)
 ``P:registry``                 zset        ``"<sid> <tenant>"`` scored by a deadline (count, expiry)
+``P:registry:sessions``        zset        the feeds of kind session among them, by the same deadline (count)
 ``P:{t:<tenant>}:sessions``    zset        the tenant's sessions, scored by the same deadline
 ``P:{t:<tenant>}:q:<kind>``    zset        the tenant's open streams or listens, scored by lease expiry (quotas)
 ``P:{t:<tenant>}:q:rate``      hash        the tenant's publish token bucket (quotas)
@@ -82,6 +83,7 @@ class Keys:
         self.partitions = f"{prefix}:partitions"
         self.partitioning = f"{prefix}:partitioning"
         self.registry = f"{prefix}:registry"
+        self.session_registry = f"{prefix}:registry:sessions"
         self.broadcast = f"{prefix}:bcast"
         self.fanout_consumers = f"{prefix}:fanout"
 

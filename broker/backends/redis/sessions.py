@@ -32,6 +32,7 @@ from broker.backends.redis.watchers import Watchers
 from broker.backends.types import SessionRecord
 from broker.config import Settings
 from broker.errors import OverQuota
+from broker.feeds.model import FeedKind
 
 __all__ = ["Lifetimes", "RedisSessions"]
 
@@ -95,6 +96,8 @@ class RedisSessions:
             self._epoch.read_into(batch)
             batch.call(self.scripts.session_create, [keys.meta, keys.subs, keys.inbox], [life.ttl_ms, *fields])
             batch.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
+            if record.kind is FeedKind.SESSION:
+                batch.pipe.zadd(self.keys.session_registry, {record.id: deadline})
             batch.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
             batch.pipe.pexpire(self.keys.tenant_sessions(record.tenant), life.derived_ms)
             epoch = as_text((await batch.execute())[0])
@@ -159,6 +162,7 @@ class RedisSessions:
             if isinstance(result, list) and result:
                 tenant = as_text(result[0])
                 due.pipe.zadd(self.keys.registry, {f"{sid} {tenant}": deadline})
+                due.pipe.zadd(self.keys.session_registry, {sid: deadline}, xx=True)  # a session's, if it is one
                 due.pipe.zadd(self.keys.tenant_sessions(tenant), {sid: deadline})
                 tenants.add(tenant)
                 for uri in result[1:]:
@@ -236,6 +240,8 @@ class RedisSessions:
                 return False
             registered = Batch(self.client)
             registered.pipe.zadd(self.keys.registry, {f"{record.id} {record.tenant}": deadline})
+            if record.kind is FeedKind.SESSION:
+                registered.pipe.zadd(self.keys.session_registry, {record.id: deadline})
             registered.pipe.zadd(self.keys.tenant_sessions(record.tenant), {record.id: deadline})
             registered.pipe.pexpire(self.keys.tenant_sessions(record.tenant), life.derived_ms)
             await registered.execute()
@@ -247,11 +253,18 @@ class RedisSessions:
             batch.pipe.srem(self.keys.index(tenant, uri), session_id)
         batch.pipe.zrem(self.keys.tenant_sessions(tenant), session_id)
         batch.pipe.zrem(self.keys.registry, f"{session_id} {tenant}")
+        batch.pipe.zrem(self.keys.session_registry, session_id)
         await batch.execute()
 
     async def count(self) -> int:
         with unavailable("sessions.count"):
             return int(await self.client.zcount(self.keys.registry, time.time(), "+inf"))
+
+    async def count_sessions(self) -> int:
+        """From ``P:registry:sessions``, which a feed of another kind never enters (a session's deadline
+        is moved there as in the registry; ``expire`` removes it with the session)."""
+        with unavailable("sessions.count_sessions"):
+            return int(await self.client.zcount(self.keys.session_registry, time.time(), "+inf"))
 
     async def expire(self) -> int:
         """Clean the index and tenant sets of sessions whose record expired; returns how many.
