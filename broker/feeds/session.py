@@ -136,7 +136,7 @@ class SessionStream(Stream, View):
             await self._start(writer)
             while self.ended is None:
                 if self._dirty:
-                    await self._drain(writer)
+                    await self._drain()
                 elif self._live:
                     live, self._live = self._live, []
                     if len(live) > 1 or live[0][0] <= self.cursor:  # one new frame, as is usual, is sent as it is
@@ -194,7 +194,7 @@ class SessionStream(Stream, View):
         if self._resync_first:
             await self._resync(writer)
         if first is not None:
-            await self._drain(writer, first)
+            await self._drain(first)
 
     def _apply_sub_log(self, subscriptions: set[str]) -> None:
         # Every change since the watch began, in order, on top of a load taken somewhere in
@@ -229,7 +229,7 @@ class SessionStream(Stream, View):
             self.end(EndReason.TAKEOVER)
         return True
 
-    async def _drain(self, writer: Writer, first: InboxRead | None = None) -> None:
+    async def _drain(self, first: InboxRead | None = None) -> None:
         """Send what the inbox holds after the cursor (``FeedReader.drain``); ``first`` is a read already
         made from it (the stream's start), with ``_dirty`` cleared before it was made."""
         if first is None:
