@@ -86,7 +86,7 @@ class MemorySessions:
         return len(self._state.records)
 
     async def count_sessions(self) -> int:
-        return sum(1 for record in self._state.records.values() if record.kind is FeedKind.SESSION)
+        return self._state.sessions
 
     async def expire(self) -> int:
         expired = [sid for sid in self._state.records if self._state.expired(sid)]
@@ -98,6 +98,7 @@ class MemorySessions:
         state = self._state
         record.epoch = state.epoch
         state.records[record.id] = record
+        state.sessions += record.kind is FeedKind.SESSION
         state.seen[record.id] = time.monotonic()
         state.subs[record.id] = set()
         state.by_tenant.setdefault(record.tenant, set()).add(record.id)
@@ -108,6 +109,7 @@ class MemorySessions:
         record = state.records.pop(session_id, None)
         if record is None:
             return False
+        state.sessions -= record.kind is FeedKind.SESSION
         state.seen.pop(session_id, None)
         for uri in state.subs.pop(session_id, set()):
             state.unindex(record.tenant, uri, session_id)

@@ -43,6 +43,8 @@ class SessionState:
         #: This process's data generation: memory is lost with the process, never on its own.
         self.epoch = secrets.token_hex(4)
         self.records: dict[str, SessionRecord] = {}
+        #: How many of them are of kind session (``count_sessions``, sampled while streams run).
+        self.sessions = 0
         #: Monotonic time of each session's last touch (its idle clock).
         self.seen: dict[str, float] = {}
         self.subs: dict[str, set[str]] = {}
