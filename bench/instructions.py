@@ -34,11 +34,11 @@ turns a round trip takes depend on when its reply comes, and a Redis run with it
 by 0.2% between an idle CPU and a shared one (0.01% on uvloop). The hash seed is fixed, and the
 garbage collector is tuned as a worker tunes it once started (``broker.runtime.server.tune_collector``):
 with CPython's own thresholds, full collections that a worker does not run fell into the runs as
-they pleased. The worker's rounds that run by wall time (the count of live sessions and feeds;
-on Redis its lease heartbeat, its look at the partition layouts, its lag report, an idle read's
-return) are pushed past the length of a run (``_wall_timers_off``, ``SESSIONS_COUNT_INTERVAL``):
-they cost per second, not per frame, and a run that takes longer under valgrind, on a slower
-hour, would count more of them.
+they pleased. The worker's rounds that run by wall time (the count of live sessions and feeds,
+the look for webhook subscriptions; on Redis its lease heartbeat, its look at the partition
+layouts, its lag report, an idle read's return) are pushed past the length of a run
+(``_wall_timers_off``, ``SESSIONS_COUNT_INTERVAL``): they cost per second, not per frame, and a
+run that takes longer under valgrind, on a slower hour, would count more of them.
 """
 
 from __future__ import annotations
@@ -127,11 +127,13 @@ async def workload(changes: int, sessions: int = 100, group: int = 1) -> int:
                  "redis_connect_timeout": 60.0, "redis_health_check_interval": 0,
                  "fanout_claim_idle_ms": 3_600_000}
         _wall_timers_off()
-    # The count of the live sessions and feeds (every 5 s of wall time, on either backend) is a round
-    # of that kind too: it runs once, at the start.
+    # Rounds of that kind on either backend: the count of the live sessions and feeds (every 5 s of
+    # wall time) runs once, at the start; the look for webhook subscriptions (a third of the
+    # lease, 1.7 s by default: a store read each time) every 200 s.
     from broker import runtime
     runtime.SESSIONS_COUNT_INTERVAL = 3600.0
-    chosen = {"keepalive_interval": 3600, "outage_check_interval": 3600, "credential_check_seconds": 300, **redis}
+    chosen = {"keepalive_interval": 3600, "outage_check_interval": 3600, "credential_check_seconds": 300,
+              "webhook_lease_ms": 600_000, **redis}
     # Only what this tree has, so that the file counts an older checkout too.
     broker = Broker(Settings(_env_file=None, **{k: v for k, v in chosen.items() if k in Settings.model_fields}))  # type: ignore[call-arg]
     app = create_app(broker=broker)
