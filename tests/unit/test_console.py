@@ -21,8 +21,10 @@ import httpx
 import orjson
 import pytest
 
+from broker.auth import Principal
 from broker.backends.types import DeadLetter, WebhookRecord
 from broker.config import Settings
+from broker.feeds.model import FeedKind, Filter
 from broker.ops.console import FAILING_SHOWN, FIGURES, TOP_TENANTS, WEBHOOK_SCAN, WEBHOOK_SECONDS, Console
 from broker.quotas import Lease
 from broker.runtime import Broker
@@ -65,6 +67,8 @@ async def test_the_figures_count_the_sessions_a_client_opens(broker: Broker) -> 
         for _ in range(3):
             answer = await http.post("/mcp", json=INIT, headers=MCP_HEADERS)
             assert answer.status_code == 200
+        # A feed of another kind (an events poll subscription) is not a session.
+        await broker.feeds.create(Principal("default", "anonymous"), FeedKind.POLL, Filter.of(["mcpb://default/c/1"]))
         broker.console._state = None  # the next request computes anew, as it would a second later
         assert (await figures(http))["sessions"] == before["sessions"] + 3
 
@@ -190,7 +194,7 @@ class CountingSessions:
     def __init__(self) -> None:
         self.counted = 0
 
-    async def count(self) -> int:
+    async def count_sessions(self) -> int:
         self.counted += 1
         return 7
 

@@ -215,7 +215,7 @@ class Console:
     async def _deployment(self) -> dict[str, Any]:
         """The figures asked of the backend; ``unavailable`` when it does not answer."""
         try:
-            sessions = await self.sessions.count()
+            sessions = await self.sessions.count_sessions()
             overview = await self.changelog.overview()
             owners = {runner.source.name: await self.leases.holder(runner.lease_name)
                       for runner in self.runners if runner.source.exclusive}
