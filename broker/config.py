@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -25,6 +25,9 @@ from pydantic_settings import (
 )
 
 from broker.tenants import tenant_problem
+
+if TYPE_CHECKING:
+    from broker.upstreams.spec import UpstreamSpec
 
 __all__ = ["CONFIG_ENV", "FACTORY_SPEC", "Settings", "config_file"]
 
@@ -273,6 +276,9 @@ class Settings(BaseSettings):
     #: JSON list of ``module:factory`` callables that return providers and change sources of the
     #: deployment's own code (``broker/sources/extensions.py``).
     providers: list[str] = Field(default_factory=list)
+    #: JSON map of upstream name to the MCP server the broker stands in front of (``url`` or
+    #: ``command``, ``tenants``, ``prefixes``, ``auth``...): ``broker/upstreams/spec.py``, docs/UPSTREAMS.md.
+    upstreams: dict[str, Any] = Field(default_factory=dict)
     #: The lease of a change source that runs on one worker of the deployment at a time: the
     #: worker running it renews it every third of this; one that stops renewing (it died, or
     #: lost the backend) stops the source, and another worker takes it over after this long.
@@ -425,6 +431,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"{entry!r} is not an address or a network; write e.g. "
                                  "'[\"10.0.0.5\", \"10.1.0.0/16\"]', or '[]' to trust none") from None
         return value
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _valid_upstreams(cls, value: Any) -> Any:
+        from broker.upstreams.spec import parse_upstreams  # the one reader of the map; small, no I/O
+
+        parse_upstreams(value)  # UpstreamsError (a ValueError): one line naming the setting
+        return value
+
+    @property
+    def upstream_specs(self) -> tuple[UpstreamSpec, ...]:
+        """The upstreams of ``upstreams``, read (``broker.upstreams.spec.parse_upstreams``)."""
+        from broker.upstreams.spec import parse_upstreams
+
+        return parse_upstreams(self.upstreams)
 
     @field_validator("providers")
     @classmethod

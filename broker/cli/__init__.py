@@ -268,6 +268,7 @@ _JSON_EXAMPLES = {
     "MCP_BROKER_ALLOWED_ORIGINS": ', e.g. \'["https://app.example.com"]\'',
     "MCP_BROKER_ALLOWED_HOSTS": ', e.g. \'["broker.example.com"]\'',
     "MCP_BROKER_TRUSTED_PROXIES": ', e.g. \'["10.0.0.5", "10.1.0.0/16"]\'',
+    "MCP_BROKER_UPSTREAMS": ', e.g. \'{"notes": {"url": "https://notes.internal/mcp", "tenants": ["acme"]}}\'',
     "MCP_BROKER_QUOTAS": ', e.g. \'{"default": {"sessions": 10000}, "acme": {"publish_per_second": 500}}\'',
 }
 
