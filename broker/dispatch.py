@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from broker.auth import Principal
@@ -26,7 +27,7 @@ from broker.feeds.listen import ResumableListen, ResumableListens, last_event_id
 from broker.feeds.model import FeedKind
 from broker.feeds.service import Feeds
 from broker.feeds.session import SessionServices, SessionStream
-from broker.methods import Call, Methods
+from broker.methods import FORWARDED, Call, Methods
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import check_meta
 from broker.protocol.jsonrpc import Message
@@ -84,7 +85,7 @@ class Dispatcher:
             done(exc)
             raise
         done(None)
-        return rpc.encode_result(msg.id, self.methods.initialize_result(version)), record
+        return rpc.encode_result(msg.id, self.methods.initialize_result(version, principal.tenant)), record
 
     async def load_session(self, session_id: str, principal: Principal) -> SessionRecord:
         """The principal's live session. Raises ``SessionNotFound`` (MCP: 404, initialize again), for
@@ -116,11 +117,17 @@ class Dispatcher:
     async def notify(self, call: Call, msg: Message) -> None:
         """A legacy notification: ``notifications/initialized`` is recorded, the rest accepted and dropped.
 
-        ``notifications/cancelled`` cancels nothing: every legacy request is answered before the
-        message that carried it returns. Responses need no answer (the broker sends no requests).
+        ``notifications/cancelled`` cancels nothing of the broker's own: every legacy request is
+        answered before the message that carried it returns. A session with sessions at upstreams
+        passes it on to them: the request it names may be a forwarded one, running on any worker.
+        Responses need no answer (the broker sends no requests).
         """
         if msg.method == "notifications/initialized" and call.session is not None:
             await self.feeds.initialized(call.session.id)
+        elif msg.method == "notifications/cancelled" and call.session is not None and call.session.upstreams:
+            upstreams = self.methods.upstreams
+            if upstreams is not None:  # a forwarded request, perhaps running on another worker
+                await upstreams.cancelled(call.session, msg.params)
 
     async def request(self, call: Call, msg: Message, *, whole: bool = False) -> bytes:
         """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``).
@@ -159,6 +166,8 @@ class Dispatcher:
     async def call(self, call: Call, msg: Message) -> dict[str, Any]:
         """One request's result. Raises the ``RpcError`` or ``Refusal`` its method raised."""
         assert msg.method is not None  # a request has one (parse_message)
+        if msg.method in FORWARDED and call.request_id is None:
+            call = replace(call, request_id=msg.id)  # forwarded as the caller's own (its cancel names it)
         return await self.methods.call(call, msg.method, msg.params)
 
     async def batch(self, call: Call, items: list[Any],
@@ -220,13 +229,18 @@ class Dispatcher:
 
     async def end_session(self, session: SessionRecord) -> None:
         await self.feeds.end(session.id)
+        if session.upstreams and self.methods.upstreams is not None:
+            await self.methods.upstreams.ended(session)
 
     # -- 2026-07-28 (stateless) -----------------------------------------------------------------
     async def modern(self, principal: Principal, msg: Message,
-                     header: Callable[[str], str | None] | None = None) -> bytes | Listen | ResumableListen:
+                     header: Callable[[str], str | None] | None = None,
+                     progress: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+                     ) -> bytes | Listen | ResumableListen:
         """A modern request's reply, or the listen it opened (the transport runs it and then ``close_listen``).
 
-        ``header`` looks up the request's HTTP headers (SEP-2243); stdio has none.
+        ``header`` looks up the request's HTTP headers (SEP-2243); stdio has none. ``progress``: where
+        an upstream's notifications about a forwarded request go (None: dropped).
 
         Raises:
             RpcError, Refusal: the request's error, the whole reply: on 2026-07-28 its HTTP status
@@ -234,7 +248,7 @@ class Dispatcher:
         """
         assert msg.method is not None and msg.id is not None
         check_meta(msg, header)
-        call = Call(principal, True, header=header)
+        call = Call(principal, True, header=header, progress=progress)
         if msg.method == "subscriptions/listen":
             if self.resumables is not None and wants_resumable(msg.params):
                 return await self.resumable_listen(call, msg, header)
@@ -280,6 +294,12 @@ class Dispatcher:
             raise
         if lease is not None:
             self._leases[listen] = lease
+        if self.methods.wants is not None:  # an upstream's URI among them: its watch is wanted
+            try:
+                await self.methods.wants.want(call.principal.tenant, listen.uris)
+            except BaseException:
+                self.close_listen(listen)
+                raise
         return listen
 
     async def _listen_lease(self, tenant: str) -> Lease | None:

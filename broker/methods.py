@@ -36,6 +36,8 @@ from broker.protocol.messages import SERVER_INFO_KEY, capabilities
 from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
+from broker.upstreams.demand import Wants
+from broker.upstreams.service import LISTS, Upstreams
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]
@@ -48,6 +50,8 @@ LEGACY_METHODS: Final = frozenset({
     "ping", "resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
     "resources/unsubscribe",
 })
+#: Served by the upstreams (``MCP_BROKER_UPSTREAMS``) alone, in both eras, when there are any.
+FORWARDED: Final = frozenset({"tools/list", "tools/call", "prompts/list", "prompts/get", "completion/complete"})
 #: ``subscriptions/listen`` is modern too, but streams: the dispatcher opens it (``Dispatcher.listen``).
 MODERN_METHODS: Final = frozenset({
     "server/discover", "resources/list", "resources/read", "resources/templates/list",
@@ -68,6 +72,10 @@ class Call:
     #: The request's HTTP headers, looked up by lower-case name (None on stdio): a tracer reads the
     #: W3C ``traceparent`` there when ``params._meta`` has none.
     header: Callable[[str], str | None] | None = None
+    #: A request forwarded to an upstream (``FORWARDED``): the caller's id, and where the upstream's
+    #: notifications about it (``notifications/progress``) go, when the transport can carry them.
+    request_id: rpc.Id | None = None
+    progress: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
 
 Handler = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -78,7 +86,7 @@ class Methods:
 
     def __init__(self, settings: Settings, resources: Resources, subscriptions: SubscriptionIndex,
                  server_info: dict[str, Any], quotas: TenantQuotas | None = None, *, metrics: Metrics = NO_METRICS,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, upstreams: Upstreams | None = None) -> None:
         """``quotas``: each tenant's ``subscriptions`` quota, a bound per session of the tenant (docs/QUOTAS.md).
         ``metrics``: each request's duration, by method; ``tracer``: a span per request (None: tracing is off)."""
         self._metrics = metrics
@@ -100,8 +108,18 @@ class Methods:
             "resources/subscribe": self._resources_subscribe,
             "resources/unsubscribe": self._resources_unsubscribe,
         }
-        #: The modern methods served: ``MODERN_METHODS`` and those of extensions (``extend``).
-        self.modern_methods: frozenset[str] = MODERN_METHODS
+        #: The MCP servers behind the broker (None: none configured); their methods are served only then.
+        self.upstreams = upstreams
+        #: Records what listens watch of the upstreams (set by the runtime with ``upstreams``).
+        self.wants: Wants | None = None
+        if upstreams is not None:
+            self._handlers.update({
+                "tools/list": self._tools_list, "prompts/list": self._prompts_list, "tools/call": self._tools_call,
+                "prompts/get": self._prompts_get, "completion/complete": self._complete,
+            })
+        #: The methods served in each era: the broker's own, the upstreams', those of extensions (``extend``).
+        self.legacy_methods: frozenset[str] = LEGACY_METHODS | (FORWARDED if upstreams is not None else frozenset())
+        self.modern_methods: frozenset[str] = MODERN_METHODS | (FORWARDED if upstreams is not None else frozenset())
         self.extensions: dict[str, Any] = {RESUMABLE: {}}
 
     # -- validation ------------------------------------------------------------------------
@@ -156,7 +174,7 @@ class Methods:
 
     async def call(self, call: Call, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Run one request; returns its result. Raises RpcError."""
-        known = self.modern_methods if call.modern else LEGACY_METHODS
+        known = self.modern_methods if call.modern else self.legacy_methods
         if method not in known:
             raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method}")
         needed = METHOD_SCOPES.get(method)
@@ -207,10 +225,16 @@ class Methods:
                                f"encoded, more than the limit of {limit} bytes", {"maxBytes": limit, "maxDepth": depth})
         return negotiate_legacy(version), client_info, caps
 
-    def initialize_result(self, version: str) -> dict[str, Any]:
+    def capabilities(self, tenant: str) -> dict[str, Any]:
+        """The broker's capabilities, with what the tenant's upstreams add (tools, prompts, completions)."""
+        if self.upstreams is None:
+            return capabilities()
+        return {**capabilities(), **self.upstreams.capabilities(tenant)}
+
+    def initialize_result(self, version: str, tenant: str | None = None) -> dict[str, Any]:
         return {
             "protocolVersion": version,
-            "capabilities": capabilities(),
+            "capabilities": capabilities() if tenant is None else self.capabilities(tenant),
             "serverInfo": self.server_info,
             "instructions": self.settings.instructions,
         }
@@ -223,7 +247,7 @@ class Methods:
         return {
             "supportedVersions": list(MODERN_VERSIONS),
             # The resumable-listen extension is 2026-07-28's: the legacy era resumes its GET stream.
-            "capabilities": {**capabilities(), "extensions": dict(self.extensions)},
+            "capabilities": {**self.capabilities(call.principal.tenant), "extensions": dict(self.extensions)},
             "instructions": self.settings.instructions,
             "ttlMs": 300_000,
             "cacheScope": "public",
@@ -246,10 +270,82 @@ class Methods:
         cursor = params.get("cursor")
         if cursor is not None and not isinstance(cursor, str):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
+        if self.upstreams is not None and self.upstreams.of(call.principal.tenant):
+            # The broker's own templates on the first page, then the upstreams', page by page.
+            own = [] if cursor is not None else self.resources.templates(call.principal)
+            listed = await self._list_of(call, params, "resources/templates/list")
+            listed["resourceTemplates"] = own + listed["resourceTemplates"]
+            return listed
         if cursor is not None:
             # One page holds every template; only a cursor this listing never issues can arrive here.
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
         return {"resourceTemplates": self.resources.templates(call.principal)}
+
+    # -- the upstreams' methods (``broker.upstreams``) -----------------------------------------------
+    async def _tools_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._list_of(call, params, "tools/list")
+
+    async def _prompts_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._list_of(call, params, "prompts/list")
+
+    async def _list_of(self, call: Call, params: dict[str, Any], method: str) -> dict[str, Any]:
+        """One page of ``method``'s list merged across the tenant's upstreams."""
+        assert self.upstreams is not None
+        cursor = params.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
+        items, following = await self.upstreams.list_page(call.principal, method, cursor, call.session)
+        result: dict[str, Any] = {LISTS[method]: items}
+        if following is not None:
+            result["nextCursor"] = following
+        return result
+
+    def _name_param(self, params: dict[str, Any]) -> str:
+        name = params.get("name")
+        if not isinstance(name, str) or not name:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a non-empty string")
+        return name
+
+    async def _named_call(self, call: Call, params: dict[str, Any], kind: str, method: str) -> dict[str, Any]:
+        """``tools/call`` or ``prompts/get``: forwarded to the upstream that serves the name, as its own name."""
+        assert self.upstreams is not None
+        name = self._name_param(params)
+        found = self.upstreams.named(call.principal.tenant, kind, name)
+        if found is None:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown {kind[:-1]}: {name}", {"name": name})
+        upstream, own = found
+        return await self.upstreams.forward(call.principal, upstream, method, {**params, "name": own},
+                                            session=call.session, request_id=call.request_id, progress=call.progress)
+
+    async def _tools_call(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._named_call(call, params, "tools", "tools/call")
+
+    async def _prompts_get(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._named_call(call, params, "prompts", "prompts/get")
+
+    async def _complete(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        """``completion/complete``: to the upstream of the prompt or the resource (template) it refers to."""
+        assert self.upstreams is not None
+        ref = params.get("ref")
+        if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.ref must be {"type": "ref/prompt", "name": …} or '
+                               '{"type": "ref/resource", "uri": …}')
+        tenant = call.principal.tenant
+        if ref["type"] == "ref/prompt":
+            name = ref.get("name")
+            found = self.upstreams.named(tenant, "prompts", name) if isinstance(name, str) else None
+            if found is None:
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown prompt: {name}", {"name": name})
+            upstream, own = found
+            params = {**params, "ref": {**ref, "name": own}}
+        else:
+            uri = ref.get("uri")
+            owner = self.upstreams.owner(tenant, uri) if isinstance(uri, str) else None
+            if owner is None:
+                return {"completion": {"values": [], "hasMore": False}}  # the broker's own complete nothing
+            upstream = owner
+        return await self.upstreams.forward(call.principal, upstream, "completion/complete", params,
+                                            session=call.session, request_id=call.request_id, progress=call.progress)
 
     async def _resources_read(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         uri = self.uri_param(params)

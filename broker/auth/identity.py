@@ -17,7 +17,7 @@ __all__ = ["ALL_SCOPES", "CONSOLE", "OPERATOR_SCOPES", "PEER", "SCOPES", "AuthUn
            "TokenVerifier", "Unauthorized", "peer_key"]
 
 #: What a principal may do: read resources, watch them, write records, publish changes.
-SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish")
+SCOPES: Final = ("resources:read", "resources:subscribe", "records:write", "changes:publish", "tools:call")
 ALL_SCOPES: Final = frozenset(SCOPES)
 #: See the deployment as a whole: the live console and ``mcp-broker status`` (every tenant's figures).
 #: An operator's scope: never a tenant's by default; the static API keys of the tenants named in

@@ -17,7 +17,7 @@ from broker.auth import Principal
 from broker.auth.identity import CONSOLE
 from broker.protocol import jsonrpc as rpc
 
-__all__ = ["ADMIN", "CONSOLE", "METHOD_SCOPES", "PUBLISH", "READ", "SUBSCRIBE", "WRITE", "InsufficientScope",
+__all__ = ["ADMIN", "CONSOLE", "METHOD_SCOPES", "PUBLISH", "READ", "SUBSCRIBE", "TOOLS", "WRITE", "InsufficientScope",
            "challenge", "forbidden", "require"]
 
 #: Read resources: list, read, templates (MCP), and records and collections (REST).
@@ -28,6 +28,8 @@ SUBSCRIBE: Final = "resources:subscribe"
 WRITE: Final = "records:write"
 #: Publish changes of any resource of the tenant: ``POST /changes``.
 PUBLISH: Final = "changes:publish"
+#: Call the tools of the MCP servers behind the broker (``MCP_BROKER_UPSTREAMS``): ``tools/call``.
+TOOLS: Final = "tools:call"
 #: Manage the tenant's API keys (the admin API).
 ADMIN: Final = "keys:admin"
 
@@ -45,6 +47,12 @@ METHOD_SCOPES: Final = {
     "events/poll": SUBSCRIBE,
     "events/subscribe": SUBSCRIBE,
     "events/unsubscribe": SUBSCRIBE,
+    # The upstreams' (``broker.upstreams``): listing and prompts are reading; a tool may change anything.
+    "tools/list": READ,
+    "tools/call": TOOLS,
+    "prompts/list": READ,
+    "prompts/get": READ,
+    "completion/complete": READ,
 }
 
 

@@ -284,6 +284,21 @@ class Leases(Protocol):
         """For the console: who holds the lease now; None when nobody does (or it lapsed)."""
 
 
+class Demand(Protocol):
+    """What the deployment wants watched, by key (an upstream's name): members (URIs), each with a
+    deadline its wanters keep pushing back. A member stays past its deadline until ``drop``: the one
+    reading it (``broker.upstreams.demand``) decides whether it is still wanted."""
+
+    async def want(self, key: str, members: Sequence[str], until: float) -> None:
+        """Want ``members`` until ``until`` (Unix seconds) at least: a later deadline already set stays."""
+
+    async def wanted(self, key: str, limit: int) -> dict[str, float]:
+        """The members wanted, each with its deadline (at most ``limit``: the latest deadlines)."""
+
+    async def drop(self, key: str, members: Sequence[str], before: float) -> None:
+        """Forget ``members`` whose deadline is before ``before`` (a wanter's later one keeps them)."""
+
+
 class Credentials(Protocol):
     """Runtime API keys, by id and by the digest of the key (docs/BACKENDS.md, "Credentials")."""
 
@@ -383,6 +398,7 @@ class Backend(Protocol):
     broadcast: Broadcast
     records: RecordStore
     leases: Leases
+    demand: Demand
     credentials: Credentials
     quotas: Quotas
     webhooks: Webhooks

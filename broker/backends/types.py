@@ -87,6 +87,9 @@ class SessionRecord:
     filter: Filter | None = None
     #: ``(epoch, offset)``: the inbox position the feed's last change of filter took effect at.
     since: tuple[str, int] | None = None
+    #: A 2025 session's own sessions at the MCP servers behind the broker (``broker.upstreams``):
+    #: upstream name to ``[its session id, its protocol version]``, so any worker can forward.
+    upstreams: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

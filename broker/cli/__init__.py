@@ -342,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.cli.keys import add_keys_parser
     from broker.cli.partitions import add_partitions_parser
     from broker.cli.status import add_status_parser
+    from broker.cli.upstreams import add_upstreams_parser
     from broker.cli.webhooks import add_webhooks_parser
 
     add_keys_parser(sub, formatter)
@@ -349,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_partitions_parser(sub, formatter)
     add_config_parser(sub, formatter)
     add_status_parser(sub, formatter)
+    add_upstreams_parser(sub, formatter)
     for name, command in sub.choices.items():
         if name not in _CLIENTS:  # a client: it reads no settings
             _add_config_options(command)

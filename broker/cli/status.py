@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_status_parser", "render"]
+__all__ = ["add_status_parser", "fetch_state", "render"]
 
 #: The figures shown first, with their labels, in the order of the page.
 _FIGURES = (("sessions", "sessions (deployment)"), ("streams", "open streams (host)"),
@@ -42,6 +42,16 @@ def add_status_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    state = fetch_state(args, "status")
+    if isinstance(state, int):
+        return state
+    print(json.dumps(state, indent=2) if args.json else render(state))
+    return 0
+
+
+def fetch_state(args: argparse.Namespace, command: str) -> dict[str, Any] | int:
+    """The console's state document from ``args.url`` (with ``args.key``), or the exit code after
+    one line saying why not (see the module's exit codes)."""
     import urllib.error
     import urllib.request
     from urllib.parse import urlsplit
@@ -50,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     parts = urlsplit(args.url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        print(f"mcp-broker status: --url {args.url!r} is not an http(s) address, e.g. http://127.0.0.1:8080",
+        print(f"mcp-broker {command}: --url {args.url!r} is not an http(s) address, e.g. http://127.0.0.1:8080",
               file=sys.stderr)
         return 2
     key = getattr(args, "key", None) or os.environ.get("MCP_BROKER_KEY")
@@ -61,21 +71,22 @@ def run(args: argparse.Namespace) -> int:
         state = request_json(request)
         if not isinstance(state.get("figures"), dict):
             raise BadAnswer("no figures in it")
-        shown = json.dumps(state, indent=2) if args.json else render(state)
+        if not args.json:
+            render(state)  # a document that cannot be shown is not the console's figures
     except urllib.error.HTTPError as exc:  # a redirect too: the key goes to the address given, nowhere else
         hint = " (give --key, a credential with the scope console:read)" if exc.code == 401 else ""
-        print(f"mcp-broker status: {exc.code} {error_detail(exc)}{hint}".rstrip(), file=sys.stderr)
+        print(f"mcp-broker {command}: {exc.code} {error_detail(exc)}{hint}".rstrip(), file=sys.stderr)
         return 2 if exc.code in (401, 403, 404, 421) or 300 <= exc.code < 400 else 75
     except (BadAnswer, KeyError, TypeError, AttributeError, IndexError) as exc:
         # Not the console's figures: not a broker, or a proxy's page.
         reason = exc if isinstance(exc, BadAnswer) else f"{type(exc).__name__} {exc}"
-        print(f"mcp-broker status: {args.url} did not answer with the console's figures: {reason}", file=sys.stderr)
+        print(f"mcp-broker {command}: {args.url} did not answer with the console's figures: {reason}",
+              file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"mcp-broker status: {args.url} could not be reached: {exc}", file=sys.stderr)
+        print(f"mcp-broker {command}: {args.url} could not be reached: {exc}", file=sys.stderr)
         return 75
-    print(shown)
-    return 0
+    return state
 
 
 def _table(rows: list[list[str]]) -> list[str]:

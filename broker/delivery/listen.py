@@ -206,6 +206,10 @@ class ListenIndex:
             listen.end(EndReason.SHUTDOWN)
         return listen
 
+    def watched(self) -> list[tuple[str, str]]:
+        """Each (tenant, URI) an open listen of this worker watches."""
+        return list(self._by_uri)
+
     def close(self, listen: Listen) -> None:
         """Forget a listen, however it ended (or if it never ran); closing twice is harmless."""
         listen.unbind()

@@ -57,6 +57,11 @@ INSUFFICIENT_SCOPE: Final = -31003
 SERVICE_UNAVAILABLE: Final = -31000
 #: Broker-defined: the tenant is at one of its quotas (``data.limit`` names which); HTTP 429.
 QUOTA_EXCEEDED: Final = -31002
+#: Broker-defined: an upstream MCP server (``MCP_BROKER_UPSTREAMS``) did not answer a forwarded request:
+#: it cannot be reached, refused the broker's credentials or did not speak MCP (HTTP 502), or took longer
+#: than its ``timeout`` (HTTP 504). ``data.upstream`` names it. Its bound of requests in flight is -31000.
+UPSTREAM_UNREACHABLE: Final = -31004
+UPSTREAM_TIMEOUT: Final = -31005
 #: Broker-defined: a batch member left unrun because the batch's answer reached its size bound.
 NOT_RUN_RESPONSE_TOO_LARGE: Final = -31001
 #: The events extension draft's (SEP-3415) codes: not found, forbidden, a bound of its own exhausted

@@ -42,6 +42,13 @@ class Reason(StrEnum):
     TOO_LARGE = "too_large"
     #: A change-log partition is full (``MCP_BROKER_CHANGELOG_MAXLEN``).
     LOG_FULL = "log_full"
+    #: An upstream (``MCP_BROKER_UPSTREAMS``) cannot be reached, refused the broker's credentials or
+    #: answered something that is not MCP.
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    #: An upstream took longer than its ``timeout``.
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    #: An upstream has its ``concurrency`` requests in flight from this worker.
+    UPSTREAM_BUSY = "upstream_busy"
 
 
 class Refused(Protocol):
@@ -67,7 +74,7 @@ class Spelling:
 
 
 #: The one table. A whole reply's HTTP status follows from the code (``broker.transport.rpc``):
-#: -31000 is 503, -31002 and -32013 are 429, the others travel in a 200 answer.
+#: -31000 is 503, -31002 and -32013 are 429, -31004 is 502, -31005 is 504, the others travel in a 200 answer.
 SPELLING: Final[dict[Reason, Spelling]] = {
     Reason.QUOTA: Spelling(rpc.QUOTA_EXCEEDED, "Quota reached: {message}"),
     Reason.SESSIONS: Spelling(rpc.SERVICE_UNAVAILABLE, "Too many sessions; retry later"),
@@ -79,6 +86,9 @@ SPELLING: Final[dict[Reason, Spelling]] = {
     Reason.BACKLOG: Spelling(rpc.QUOTA_EXCEEDED, "Quota reached: {message}"),
     Reason.TOO_LARGE: Spelling(rpc.INVALID_PARAMS, "{message}"),
     Reason.LOG_FULL: Spelling(rpc.SERVICE_UNAVAILABLE, "Service unavailable: {message}"),
+    Reason.UPSTREAM_UNREACHABLE: Spelling(rpc.UPSTREAM_UNREACHABLE, "Bad gateway: {message}"),
+    Reason.UPSTREAM_TIMEOUT: Spelling(rpc.UPSTREAM_TIMEOUT, "Gateway timeout: {message}"),
+    Reason.UPSTREAM_BUSY: Spelling(rpc.SERVICE_UNAVAILABLE, "Service unavailable: {message}"),
 }
 
 

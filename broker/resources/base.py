@@ -86,10 +86,14 @@ class Resources:
         """Add a provider that answers before those registered earlier (custom ones before the built-ins)."""
         self.providers.insert(0, provider)
 
-    def owner(self, uri: str) -> ResourceProvider | None:
+    def owner(self, uri: str, principal: Principal | None = None) -> ResourceProvider | None:
+        """The provider that answers for ``uri`` (to ``principal``: a provider that serves some tenants
+        only, the upstreams', says so with ``serves(principal, uri)``)."""
         for provider in self.providers:
             if provider.owns(uri):
-                return provider
+                serves = getattr(provider, "serves", None) if principal is not None else None
+                if serves is None or serves(principal, uri):
+                    return provider
         return None
 
     async def list_page(self, principal: Principal, cursor: str | None, limit: int) -> tuple[list[Json], str | None]:
@@ -112,14 +116,14 @@ class Resources:
         return page, _encode_cursor(index, state or "")
 
     async def read(self, principal: Principal, uri: str) -> list[Json]:
-        provider = self.owner(uri)
+        provider = self.owner(uri, principal)
         if provider is None:
             raise NotFound(uri)
         return await provider.read(principal, uri)
 
     def can_watch(self, principal: Principal, uri: str) -> bool:
         """URIs no provider owns may be watched: their changes arrive through ``POST /changes``."""
-        provider = self.owner(uri)
+        provider = self.owner(uri, principal)
         return provider is None or provider.can_watch(principal, uri)
 
     def templates(self, principal: Principal) -> list[Json]:

@@ -48,6 +48,9 @@ from broker.resources.base import ClosingProvider, PublishingProvider, ResourceP
 from broker.resources.records import Records, RecordsProvider
 from broker.runtime.tasks import stop_tasks
 from broker.sources import ChangeSource, Extension, SourceRunner
+from broker.upstreams.demand import Wants, WatchSource
+from broker.upstreams.provider import UpstreamProvider
+from broker.upstreams.service import Upstreams
 
 __all__ = ["RUNNING", "Broker"]
 
@@ -115,11 +118,16 @@ class CountedSubscriptions:
     def __init__(self, index: SubscriptionIndex, made: TenantCounter) -> None:
         self.index = index
         self._made = made
+        #: Told of each subscription made, when upstreams are configured (``broker.upstreams.demand.Wants``):
+        #: every feed subscribes through here, so an upstream's URI is watched for all of them.
+        self.wants: Wants | None = None
 
     async def add(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
         count = await self.index.add(session_id, tenant, uri, limit)
         if count:
             self._made.inc(tenant)
+        if self.wants is not None:
+            await self.wants.want(tenant, (uri,))
         return count
 
     async def remove(self, session_id: str, tenant: str, uri: str) -> None:
@@ -177,8 +185,18 @@ class Broker:
         self._hub = Hub(settings, self.streams, self.listens, backend.broadcast, touch=backend.sessions.touch,
                         ping=backend.ping, metrics=metrics, revoked=None if stored is None else stored.invalid)
         index = CountedSubscriptions(backend.subscriptions, subscriptions)
+        #: The MCP servers behind the broker (``MCP_BROKER_UPSTREAMS``), None when there are none.
+        self.upstreams: Upstreams | None = None
+        self.wants: Wants | None = None
+        self.watches: list[WatchSource] = []
+        if settings.upstreams:
+            self.upstreams = Upstreams(settings.upstream_specs, self.server_info, metrics=metrics,
+                                       sessions=backend.sessions)
+            self.resources.register(UpstreamProvider(self.upstreams))
+            self.wants = index.wants = Wants(self.upstreams, backend.demand)
         self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas, metrics=metrics,
-                               tracer=tracer)
+                               tracer=tracer, upstreams=self.upstreams)
+        self.methods.wants = self.wants
         #: Every feed: 2025 sessions, resumable listens, poll and webhook subscriptions.
         self.feeds = Feeds(backend.sessions, backend.inboxes, index, settings.max_sessions, metrics=metrics,
                            tenant_labels=tenants, quotas=self.quotas.quotas,
@@ -208,7 +226,7 @@ class Broker:
         self.console = Console(streams=self.streams, quotas=self.quotas, publisher=self.publisher,
                                changelog=backend.changelog, sessions=backend.sessions, webhooks=backend.webhooks,
                                leases=backend.leases, runners=self._runners, consumer=self._consumer_name,
-                               cards_dir=_cards_dir())
+                               cards_dir=_cards_dir(), upstreams=self.upstream_rows if self.upstreams else None)
         self._tasks: list[asyncio.Task[None]] = []
         self.started = False
         if settings.demo:
@@ -218,6 +236,10 @@ class Broker:
             self.add_source(DemoSource(self.records, settings.default_tenant, settings.demo_interval))
         for build in extension_builders(settings):
             self.extend(build(settings))
+        for upstream in self.upstreams.all if self.upstreams is not None else ():
+            watch = WatchSource(upstream, backend.demand, backend.subscriptions, metrics=metrics)
+            self.watches.append(watch)
+            self.add_source(watch)
 
     def extend(self, extension: Extension) -> None:
         """Add an extension's providers (answering before the built-ins) and its change sources."""
@@ -269,6 +291,9 @@ class Broker:
         self._tasks.append(asyncio.create_task(self.metrics.sample_every(SESSIONS_COUNT_INTERVAL, self._count_sessions),
                                                name="sessions-count"))
         self._tasks.append(asyncio.create_task(self.console.run(), name="console-card"))
+        if self.upstreams is not None and self.wants is not None:
+            self.upstreams.start()  # probes them in the background: none delays the start
+            self._tasks.append(asyncio.create_task(self.wants.run(self.listens), name="upstream-wants"))
         self.started = True
         for source in self._sources:
             self._start_source(source)
@@ -293,6 +318,8 @@ class Broker:
             self._runners.clear()
             self.console.close()
             await self.backend.close()
+            if self.upstreams is not None:
+                await self.upstreams.close()
             if isinstance(self.authenticator, Lifecycle):
                 await self.authenticator.close()
             for provider in self.resources.providers:  # a provider's connections (broker/sources/postgres.py)
@@ -303,6 +330,20 @@ class Broker:
         self.metrics.close()  # e.g. a worker's live gauges leave the merged figures (broker.ops.prometheus)
         if self.tracer is not None:
             await asyncio.to_thread(self.tracer.close)  # the spans not yet exported leave now
+
+    async def upstream_rows(self) -> list[dict[str, Any]]:
+        """Each upstream as this worker sees it, and the URIs the deployment wants watched of it: the
+        console's and ``mcp-broker upstreams``' rows. Raises ``BackendUnavailable``."""
+        rows: list[dict[str, Any]] = []
+        for upstream, watch in zip(self.upstreams.all if self.upstreams else (), self.watches, strict=True):
+            wanted = await self.backend.demand.wanted(upstream.name, upstream.spec.max_watches)
+            held = watch.watch
+            rows.append({"name": upstream.name, "target": upstream.spec.target, "tenants": list(upstream.spec.tenants),
+                         "prefixes": list(upstream.prefixes), "era": upstream.client.era, "state": upstream.state,
+                         "error": upstream.error or None, "wanted": len(wanted),
+                         "watching": None if held is None else len(held.watched),
+                         "watch_state": None if held is None else held.state})
+        return rows
 
     def _consumer_name(self) -> str | None:
         return None if self.fanout is None else self.fanout.name

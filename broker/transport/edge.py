@@ -74,7 +74,10 @@ REST_STATUS: Final[dict[Reason, int]] = {
     Reason.LISTENS: 503,
     Reason.SUBSCRIPTIONS: 429,
     Reason.WEBHOOKS: 429,
-    Reason.RECORDS: 507,  # the tenant's records: nothing was written
+    Reason.RECORDS: 507,
+    Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_TIMEOUT: 504,
+    Reason.UPSTREAM_BUSY: 503,  # the tenant's records: nothing was written
 }
 #: The REST ``detail`` of a reason whose message is not for clients (an outage's names the backend call).
 REST_TEXT: Final[dict[Reason, str]] = {Reason.UNAVAILABLE: "backend unavailable"}

@@ -20,6 +20,7 @@ from broker.backends.base import (
     Broadcast,
     ChangeLog,
     Credentials,
+    Demand,
     Frame,
     Inboxes,
     Leases,
@@ -33,6 +34,7 @@ from broker.backends.base import (
 from broker.backends.memory.broadcast import MemoryBroadcast
 from broker.backends.memory.changelog import MemoryChangeLog
 from broker.backends.memory.credentials import MemoryCredentials
+from broker.backends.memory.demand import MemoryDemand
 from broker.backends.memory.inboxes import MemoryInboxes
 from broker.backends.memory.leases import MemoryLeases
 from broker.backends.memory.quotas import MemoryQuotas
@@ -65,6 +67,7 @@ class MemoryBackend:
         self.broadcast: Broadcast = MemoryBroadcast()
         self.records: RecordStore = MemoryRecords(settings, changelog)
         self.leases: Leases = MemoryLeases()
+        self.demand: Demand = MemoryDemand()
         self.credentials: Credentials = MemoryCredentials()
         self.quotas: Quotas = MemoryQuotas()
         self.webhooks: Webhooks = MemoryWebhooks()

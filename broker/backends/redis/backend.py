@@ -44,6 +44,7 @@ from broker.backends.base import (
     Broadcast,
     ChangeLog,
     Credentials,
+    Demand,
     Frame,
     Inboxes,
     Leases,
@@ -58,6 +59,7 @@ from broker.backends.redis.broadcast import RedisBroadcast
 from broker.backends.redis.changelog import RedisChangeLog
 from broker.backends.redis.connection import Client, ClientFactory, open_clients, unavailable
 from broker.backends.redis.credentials import RedisCredentials
+from broker.backends.redis.demand import RedisDemand
 from broker.backends.redis.durable import Durability
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.inboxes import RedisInboxes
@@ -113,6 +115,7 @@ class RedisBackend:
         self.broadcast: Broadcast = self._broadcast
         self.records: RecordStore = RedisRecords(settings, self.redis, self.keys, scripts, self._changelog)
         self.leases: Leases = RedisLeases(self.redis, self.keys, scripts)
+        self.demand: Demand = RedisDemand(self.redis, settings.redis_prefix)
         self.credentials: Credentials = RedisCredentials(self.redis, self.keys, Durability.of(settings))
         self.quotas: Quotas = RedisQuotas(self.redis, self.keys, scripts)
         self.webhooks: Webhooks = RedisWebhooks(self.redis, settings.redis_prefix)

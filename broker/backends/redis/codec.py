@@ -48,8 +48,9 @@ _FIELDS = {
     "kind": "kind",
     "filter": "filter",
     "since": "since",
+    "upstreams": "ups",
 }
-_PACKED = {"client_info", "client_capabilities"}
+_PACKED = {"client_info", "client_capabilities", "upstreams"}
 _KINDS = {kind.value for kind in FeedKind}
 
 
@@ -121,6 +122,7 @@ def decode_session(session_id: str, raw: Mapping[bytes, bytes]) -> SessionRecord
         kind=kind,
         filter=feed_filter,
         since=position,
+        upstreams=msgpack.unpackb(raw[b"ups"]) if b"ups" in raw else {},
     )
 
 

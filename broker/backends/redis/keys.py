@@ -24,6 +24,7 @@ key                            type        what
 ``P:{c:<n>}:sealed``           string      set once partition ``n`` takes no more appends (a switch)
 ``P:fanout``                   zset        live fan-out consumers (score: when each lapses), for shares
 ``P:lease:<name>``             string      the owner of a named lease (``base.Leases``)
+``P:{u:<upstream>}:want``      zset        the URIs of an upstream the deployment wants watched, to a deadline
 ``P:{c:<n>}:rec:<t>/<c>``      hash        records of collection ``c`` of tenant ``t``
 ``P:{c:<n>}:ids:<t>/<c>``      zset        their ids, score 0, for ordered paging
 ``P:{c:<n>}:cols:<t>``         zset        the tenant's non-empty collections

@@ -31,7 +31,7 @@ import os
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -77,9 +77,12 @@ class Console:
     def __init__(self, *, streams: Streams, quotas: Quotas, publisher: Publisher, changelog: ChangeLog,
                  sessions: SessionStore, webhooks: Webhooks, leases: Leases, runners: Sequence[SourceRunner],
                  consumer: Callable[[], str | None], cards_dir: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 upstreams: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None) -> None:
         """``consumer``: the name of this worker's fan-out consumer (None: it runs none); ``cards_dir``:
-        where the workers of a host leave their cards (None: this worker is alone)."""
+        where the workers of a host leave their cards (None: this worker is alone); ``upstreams``: the
+        MCP servers behind the broker as this worker sees them (``Broker.upstream_rows``)."""
+        self.upstreams = upstreams
         self.streams = streams
         self.quotas = quotas
         self.publisher = publisher
@@ -210,7 +213,18 @@ class Console:
             "webhooks": {"failing": deployment.get("failing", []), "dead_letters": deployment.get("letters", []),
                          "scanned": deployment.get("scanned", 0), "complete": deployment.get("complete", True)},
             "tenants": self._tenants(cards, deployment.get("per_tenant", {})),
+            "upstreams": await self._upstreams(deployment.get("source_owners", {})),
         }
+
+    async def _upstreams(self, owners: dict[str, str | None]) -> list[dict[str, Any]]:
+        """Each upstream, with the worker that holds its watch (the owner of its source's lease)."""
+        if self.upstreams is None:
+            return []
+        try:
+            rows = await self.upstreams()
+        except BackendUnavailable:
+            return []
+        return [row | {"watch_holder": owners.get(f"upstream-{row['name']}")} for row in rows]
 
     async def _deployment(self) -> dict[str, Any]:
         """The figures asked of the backend; ``unavailable`` when it does not answer."""

@@ -1,0 +1,464 @@
+"""What the MCP methods ask of the upstreams: which ones a tenant sees, merged lists, forwarded calls.
+
+Each worker holds one ``UpstreamClient`` per upstream (``broker.upstreams.client``), made at start
+and probed in the background: its era, its capabilities and, when the map leaves them out, the
+URI prefixes it owns. Nothing here is kept that another worker would need: a 2025 session's own
+session at an upstream is in the session's record (``SessionRecord.upstreams``), so any worker
+forwards any request of any session.
+
+Rules every forwarded request follows:
+
+* **No credential of the caller's travels.** The client builds every header itself, with the
+  broker's own credentials for that upstream (``broker.upstreams.auth``). Of the caller's
+  ``params._meta`` only what belongs to the request is kept (``progressToken``, a trace context,
+  the caller's own keys); the protocol's envelope is the client's to write. What the upstream learns
+  of the caller is opt-in: ``caller`` in the map puts ``tenant`` and ``subject`` in
+  ``_meta["mcp-broker/caller"]``.
+* **A slow or dead upstream costs only its callers.** Each request is bounded in time and in
+  number per upstream (``timeout``, ``concurrency``); the error names the upstream, with 502, 503
+  or 504 semantics (``UpstreamRefused``). The broker's own resources never wait on an upstream.
+* **Names never collide silently.** Tools and prompts carry the upstream's ``name_prefix``; two
+  upstreams of one tenant offering one name are logged once, the name is served by the first in
+  the map, and a call says which upstreams clash when the first one no longer has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from broker.auth import Principal
+from broker.errors import NotFound, Refusal
+from broker.metrics import NO_METRICS, Metrics
+from broker.protocol import jsonrpc as rpc
+from broker.protocol.refusals import Reason
+from broker.upstreams.client import (
+    UpstreamBusy,
+    UpstreamClient,
+    UpstreamError,
+    UpstreamRpcError,
+    UpstreamSession,
+    UpstreamTimeout,
+)
+from broker.upstreams.spec import UpstreamSpec, overlap
+
+if TYPE_CHECKING:
+    from broker.backends.base import SessionStore
+    from broker.backends.types import SessionRecord
+
+__all__ = ["CALLER_KEY", "LISTS", "Upstream", "UpstreamRefused", "Upstreams"]
+
+logger = logging.getLogger(__name__)
+
+#: Where the caller's tenant and subject go in a forwarded request's ``_meta``, when its upstream asks.
+CALLER_KEY: Final = "mcp-broker/caller"
+#: The list methods merged across upstreams: method -> the result's list field.
+LISTS: Final = {"tools/list": "tools", "prompts/list": "prompts", "resources/list": "resources",
+                "resources/templates/list": "resourceTemplates"}
+#: ``_meta`` keys of the protocol's envelope (2026-07-28): the client writes its own.
+_ENVELOPE: Final = "io.modelcontextprotocol/"
+#: Seconds between two probes of an upstream that could not be reached.
+PROBE_PAUSE: Final = 5.0
+
+
+class UpstreamRefused(Refusal):
+    """A forwarded request that its upstream did not answer (``reason``: unreachable, 502; busy, 503;
+    timeout, 504); ``data.upstream`` names it."""
+
+    def __init__(self, upstream: str, reason: Reason, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message, reason=reason, retry_after=retry_after, data={"upstream": upstream})
+        self.upstream = upstream
+
+
+def prefix_of(uri: str) -> str | None:
+    """The prefix a learnt URI (or template) gives its upstream: its scheme and ``//`` when it has them."""
+    scheme, colon, rest = uri.partition(":")
+    if not colon or not scheme or "{" in scheme:
+        return None
+    return f"{scheme}://" if rest.startswith("//") else f"{scheme}:"
+
+
+class Upstream:
+    """One upstream, as this worker knows it."""
+
+    def __init__(self, spec: UpstreamSpec, client: UpstreamClient, metrics: Metrics) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.client = client
+        #: The URI prefixes it owns: configured, or learnt by the probe (empty until then).
+        self.prefixes: tuple[str, ...] = spec.prefixes or ()
+        #: Its capabilities as the probe found them; None until it answered.
+        self.capabilities: dict[str, Any] | None = None
+        self.state = "unknown"
+        self.error = ""
+        #: Tool and prompt names it offers (without ``name_prefix``), as its lists were last seen.
+        self.names: dict[str, set[str]] = {"tools": set(), "prompts": set()}
+        self._metrics = metrics
+        self._requests: dict[str, Any] = {}
+        self._errors: dict[str, Any] = {}
+        self._latency = metrics.histogram("mcp_broker_upstream_request_duration_seconds", upstream=spec.name)
+
+    def owns(self, uri: str) -> bool:
+        return any(uri.startswith(prefix) for prefix in self.prefixes)
+
+    def counted(self, method: str, error: str | None, began: float) -> None:
+        """One forwarded request: counted by method, its error by kind, timed."""
+        counter = self._requests.get(method)
+        if counter is None:
+            counter = self._requests[method] = self._metrics.counter("mcp_broker_upstream_requests_total",
+                                                                     upstream=self.name, method=method)
+        counter.inc()
+        self._latency.observe(time.perf_counter() - began)
+        if error is not None:
+            errors = self._errors.get(error)
+            if errors is None:
+                errors = self._errors[error] = self._metrics.counter("mcp_broker_upstream_errors_total",
+                                                                     upstream=self.name, kind=error)
+            errors.inc()
+
+
+def _encode_cursor(index: int, cursor: str | None) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([index, cursor])).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str | None]:
+    try:
+        index, inner = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor}) from exc
+    if not isinstance(index, int) or index < 0 or not (inner is None or isinstance(inner, str)):
+        raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
+    return index, inner
+
+
+class Upstreams:
+    """Every upstream of the deployment, as one worker serves them."""
+
+    def __init__(self, specs: Sequence[UpstreamSpec], server_info: dict[str, Any], *,
+                 metrics: Metrics = NO_METRICS, sessions: SessionStore | None = None,
+                 clients: Callable[[UpstreamSpec], UpstreamClient] | None = None) -> None:
+        """``clients`` makes each upstream's client (a test's transport); ``sessions`` keeps what a
+        2025 session holds at each upstream."""
+        make = clients or (lambda spec: UpstreamClient(spec, client_info=dict(server_info)))
+        self.all = [Upstream(spec, make(spec), metrics) for spec in specs]
+        self.by_name = {upstream.name: upstream for upstream in self.all}
+        self.sessions = sessions
+        self._tenants: dict[str, list[Upstream]] = {}
+        for upstream in self.all:
+            for tenant in upstream.spec.tenants:
+                self._tenants.setdefault(tenant, []).append(upstream)
+        self._probes: list[asyncio.Task[None]] = []
+        self._warned: set[tuple[str, str, str]] = set()
+
+    # -- who sees what ----------------------------------------------------------------------
+    def of(self, tenant: str) -> list[Upstream]:
+        """The upstreams ``tenant`` sees, in the map's order."""
+        return self._tenants.get(tenant, [])
+
+    def owner(self, tenant: str, uri: str) -> Upstream | None:
+        for upstream in self.of(tenant):
+            if upstream.owns(uri):
+                return upstream
+        return None
+
+    def claims(self, uri: str) -> bool:
+        """Whether some upstream owns ``uri`` for some tenant."""
+        return any(upstream.owns(uri) for upstream in self.all)
+
+    def capabilities(self, tenant: str) -> dict[str, Any]:
+        """What the tenant's upstreams add to the broker's own capabilities: tools, prompts and
+        completions each as one of them offers it (all three while one is not yet probed)."""
+        added: dict[str, Any] = {}
+        for upstream in self.of(tenant):
+            found = upstream.capabilities
+            for name in ("tools", "prompts", "completions"):
+                if found is None or name in found:
+                    added[name] = {} if name == "completions" else {"listChanged": False}
+        return added
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Probe every upstream in the background: an upstream that cannot be reached delays nothing."""
+        self._probes = [asyncio.create_task(self._probe_until_known(upstream), name=f"upstream-probe-{upstream.name}")
+                        for upstream in self.all]
+
+    async def close(self) -> None:
+        for task in self._probes:
+            task.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
+        for upstream in self.all:
+            await upstream.client.aclose()
+
+    async def _probe_until_known(self, upstream: Upstream) -> None:
+        while True:
+            try:
+                await self.probe(upstream)
+                return
+            except UpstreamError as exc:
+                upstream.state, upstream.error = "unreachable", str(exc)
+                logger.warning("upstream %s (%s) cannot be reached: %s; asking again in %.0f s", upstream.name,
+                               upstream.spec.target, exc, PROBE_PAUSE)
+            await asyncio.sleep(PROBE_PAUSE)
+
+    async def probe(self, upstream: Upstream) -> None:
+        """Learn the upstream's era and capabilities, its tool and prompt names, and (when the map
+        leaves them out) the prefixes it owns. Raises ``UpstreamError``."""
+        found = await upstream.client.probe()
+        capabilities = found.get("capabilities", found)
+        upstream.capabilities = capabilities if isinstance(capabilities, dict) else {}
+        for kind, method in (("tools", "tools/list"), ("prompts", "prompts/list")):
+            if kind in upstream.capabilities:
+                upstream.names[kind] = {item["name"] for item in await self._all(upstream, method)
+                                        if isinstance(item, dict) and isinstance(item.get("name"), str)}
+        if upstream.spec.prefixes is None and "resources" in upstream.capabilities:
+            uris = [item.get("uri") for item in await self._all(upstream, "resources/list")]
+            uris += [item.get("uriTemplate") for item in await self._all(upstream, "resources/templates/list")]
+            upstream.prefixes = self._learnt(upstream, {p for uri in uris if isinstance(uri, str)
+                                                        if (p := prefix_of(uri)) is not None})
+        upstream.state, upstream.error = "ready", ""
+        self._check_names(upstream)
+        logger.info("upstream %s (%s) ready: %s era, prefixes %s", upstream.name, upstream.spec.target,
+                    upstream.client.era, ", ".join(upstream.prefixes) or "none")
+
+    def _learnt(self, upstream: Upstream, prefixes: set[str]) -> tuple[str, ...]:
+        """Learnt prefixes, less those another upstream of a shared tenant already owns (logged)."""
+        kept: list[str] = []
+        for prefix in sorted(prefixes):
+            rival = next((other for other in self.all if other is not upstream
+                          and set(other.spec.tenants) & set(upstream.spec.tenants)
+                          and any(overlap(prefix, theirs) for theirs in other.prefixes)), None)
+            if rival is None:
+                kept.append(prefix)
+            else:
+                logger.error("upstream %s: its URIs under %r are not served: upstream %s owns them for a tenant both "
+                             "serve; set \"prefixes\" of both in MCP_BROKER_UPSTREAMS", upstream.name, prefix,
+                             rival.name)
+        return tuple(kept)
+
+    def _check_names(self, upstream: Upstream) -> None:
+        for kind in ("tools", "prompts"):
+            mine = {upstream.spec.name_prefix + name for name in upstream.names[kind]}
+            for other in self.all:
+                if other is upstream or not set(other.spec.tenants) & set(upstream.spec.tenants):
+                    continue
+                theirs = {other.spec.name_prefix + name for name in other.names[kind]}
+                for name in sorted(mine & theirs):
+                    first, second = sorted((upstream, other), key=self.all.index)
+                    if (kind, name, second.name) not in self._warned:
+                        self._warned.add((kind, name, second.name))
+                        logger.error("upstreams %s and %s both offer the %s %r to a tenant they share: %s serves it; "
+                                     "give one a \"name_prefix\" in MCP_BROKER_UPSTREAMS", first.name, second.name,
+                                     kind[:-1], name, first.name)
+
+    async def _all(self, upstream: Upstream, method: str, pages: int = 50) -> list[Any]:
+        """Every item of one of the upstream's lists (at most ``pages`` pages)."""
+        items: list[Any] = []
+        cursor: str | None = None
+        for _ in range(pages):
+            result, _session = await upstream.client.request(method, {} if cursor is None else {"cursor": cursor})
+            found = result.get(LISTS[method], [])
+            items += found if isinstance(found, list) else []
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str):
+                break
+        return items
+
+    # -- lists --------------------------------------------------------------------------------
+    async def list_page(self, principal: Principal, method: str, cursor: str | None,
+                        session: SessionRecord | None = None) -> tuple[list[Any], str | None]:
+        """One page of ``method``'s list across the tenant's upstreams that offer it, and the cursor
+        of the next (None: the last). Tool and prompt names carry their upstream's ``name_prefix``.
+
+        Raises:
+            RpcError: -32602 for a cursor this listing did not issue.
+            UpstreamRefused: the upstream of this page did not answer.
+        """
+        upstreams = self.of(principal.tenant)
+        index, inner = (0, None) if cursor is None else _decode_cursor(cursor)
+        if index >= max(len(upstreams), 1):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
+        field = LISTS[method]
+        kind = "resources" if method.startswith("resources/") else field
+        while index < len(upstreams):
+            upstream = upstreams[index]
+            if upstream.capabilities is not None and kind not in upstream.capabilities:
+                index, inner = index + 1, None
+                continue
+            params = {} if inner is None else {"cursor": inner}
+            try:
+                result = await self.forward(principal, upstream, method, params, session=session)
+            except UpstreamRefused:
+                if inner is not None:
+                    raise  # the middle of its list: the caller asks for this page again
+                # One unreachable upstream does not take the others' lists down, nor the broker's own
+                # resources: its items are left out of this listing (logged, and counted as its errors).
+                logger.warning("upstream %s: %s left out of the list, it did not answer", upstream.name, method)
+                index, inner = index + 1, None
+                continue
+            items = [item for item in result.get(field, []) if isinstance(item, dict)]
+            if field in ("tools", "prompts"):
+                items = self._named(upstream, field, items)
+            else:
+                items = [item for item in items if upstream.owns(str(item.get("uri", item.get("uriTemplate", ""))))]
+            following = result.get("nextCursor")
+            if isinstance(following, str) and following:
+                return items, _encode_cursor(index, following)
+            index += 1
+            return items, (_encode_cursor(index, None) if index < len(upstreams) else None)
+        return [], None
+
+    def _named(self, upstream: Upstream, kind: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Items with their upstream's ``name_prefix``, less the names an earlier upstream serves."""
+        if kind == "tools" or kind == "prompts":
+            upstream.names[kind] |= {item["name"] for item in items if isinstance(item.get("name"), str)}
+        earlier = self.of_names(upstream, kind)
+        named = []
+        for item in items:
+            name = upstream.spec.name_prefix + str(item.get("name", ""))
+            if name in earlier:
+                continue  # logged by ``_check_names``: the first upstream serves it
+            named.append({**item, "name": name})
+        return named
+
+    def of_names(self, upstream: Upstream, kind: str) -> set[str]:
+        """The names of ``kind`` that upstreams before ``upstream`` in the map serve to a tenant of its."""
+        names: set[str] = set()
+        for other in self.all[:self.all.index(upstream)]:
+            if set(other.spec.tenants) & set(upstream.spec.tenants):
+                names |= {other.spec.name_prefix + name for name in other.names[kind]}
+        return names
+
+    def named(self, tenant: str, kind: str, name: str) -> tuple[Upstream, str] | None:
+        """The upstream that serves the tool or prompt ``name`` to ``tenant``, and its own name for it."""
+        candidates = [(upstream, name[len(upstream.spec.name_prefix):]) for upstream in self.of(tenant)
+                      if name.startswith(upstream.spec.name_prefix)]
+        for upstream, own in candidates:
+            if own in upstream.names[kind]:
+                return upstream, own
+        # Not seen in a list yet (a worker that never listed): the one candidate, or the first
+        # without a prefix of its own when several could serve it.
+        prefixed = [(upstream, own) for upstream, own in candidates if upstream.spec.name_prefix]
+        if prefixed:
+            return max(prefixed, key=lambda pair: len(pair[0].spec.name_prefix))
+        return candidates[0] if candidates else None
+
+    # -- forwarding ---------------------------------------------------------------------------
+    async def forward(self, principal: Principal, upstream: Upstream, method: str, params: dict[str, Any], *,
+                      session: SessionRecord | None = None, request_id: rpc.Id | None = None,
+                      progress: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> dict[str, Any]:
+        """``method`` at ``upstream`` for ``principal``; its result.
+
+        ``session``: the caller's 2025 session, whose own session at a legacy-era upstream is used (made
+        at the first request and kept in its record); ``request_id``: the caller's id, forwarded as it
+        is on such a session so that its ``notifications/cancelled`` names the same request.
+
+        Raises:
+            RpcError: the upstream's own error for the request, passed on.
+            UpstreamRefused: it did not answer (502, 503, 504).
+        """
+        began = time.perf_counter()
+        outgoing = self._outgoing(principal, upstream, params)
+        try:
+            if upstream.client.era is None:
+                await upstream.client.probe()
+            held = self._held(upstream, session)
+            result, used = await upstream.client.request(
+                method, outgoing, session=held, request_id=request_id if held is not None else None,
+                on_notification=progress)
+        except UpstreamRpcError as exc:
+            upstream.counted(method, "rpc", began)
+            raise rpc.RpcError(exc.code, exc.message, exc.data) from exc
+        except UpstreamError as exc:
+            kind = "busy" if isinstance(exc, UpstreamBusy) else "timeout" if isinstance(exc, UpstreamTimeout) \
+                else "unavailable"
+            upstream.counted(method, kind, began)
+            raise self._refused(upstream, exc) from exc
+        upstream.counted(method, None, began)
+        if session is not None and used is not None and used != self._held(upstream, session):
+            await self._keep(session, upstream, used)
+        return result
+
+    @staticmethod
+    def _refused(upstream: Upstream, exc: UpstreamError) -> UpstreamRefused:
+        name = upstream.name
+        if isinstance(exc, UpstreamBusy):
+            return UpstreamRefused(name, Reason.UPSTREAM_BUSY, f"upstream {name!r} has {upstream.spec.concurrency} "
+                                   "requests in flight from this worker, its bound; retry later", retry_after=1)
+        if isinstance(exc, UpstreamTimeout):
+            return UpstreamRefused(name, Reason.UPSTREAM_TIMEOUT,
+                                   f"upstream {name!r} did not answer within {upstream.spec.timeout:g} s")
+        return UpstreamRefused(name, Reason.UPSTREAM_UNREACHABLE, f"upstream {name!r} cannot be reached: {exc}",
+                               retry_after=1)
+
+    @staticmethod
+    def _held(upstream: Upstream, session: SessionRecord | None) -> UpstreamSession | None:
+        if session is None or upstream.client.era != "legacy":
+            return None
+        kept = session.upstreams.get(upstream.name)
+        return UpstreamSession(kept[0], kept[1]) if kept else None
+
+    async def _keep(self, session: SessionRecord, upstream: Upstream, used: UpstreamSession) -> None:
+        """Keep the session the upstream gave this one in its record (a new one when it forgot the old)."""
+        kept = {**session.upstreams, upstream.name: [used.id, used.version]}
+        session.upstreams = kept
+        if self.sessions is not None:
+            await self.sessions.update(session.id, upstreams=kept)
+
+    @staticmethod
+    def _outgoing(principal: Principal, upstream: Upstream, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` as the upstream gets them: the envelope's ``_meta`` left to the client, the caller
+        named only as the map says."""
+        meta = params.get("_meta")
+        kept = {key: value for key, value in meta.items() if not key.startswith(_ENVELOPE)} \
+            if isinstance(meta, dict) else {}
+        kept.pop(CALLER_KEY, None)  # never the caller's own word for who it is
+        if upstream.spec.caller:
+            kept[CALLER_KEY] = {name: getattr(principal, name) for name in sorted(upstream.spec.caller)}
+        outgoing = {key: value for key, value in params.items() if key != "_meta"}
+        if kept:
+            outgoing["_meta"] = kept
+        return outgoing
+
+    async def cancelled(self, session: SessionRecord, params: dict[str, Any]) -> None:
+        """A 2025 client's ``notifications/cancelled``: passed on to each of its upstream sessions
+        (an upstream ignores an id it does not know, as the specification says)."""
+        for name, (session_id, version) in session.upstreams.items():
+            upstream = self.by_name.get(name)
+            if upstream is None:
+                continue
+            try:
+                await upstream.client.notify("notifications/cancelled", params,
+                                             session=UpstreamSession(session_id, version))
+            except UpstreamError as exc:
+                logger.info("upstream %s: a cancellation could not be passed on: %s", name, exc)
+
+    async def ended(self, session: SessionRecord) -> None:
+        """A 2025 session ended: its upstream sessions end too (best effort: an upstream expires them anyway)."""
+        for name, (session_id, version) in session.upstreams.items():
+            upstream = self.by_name.get(name)
+            if upstream is not None:
+                try:
+                    await upstream.client.close_session(UpstreamSession(session_id, version))
+                except UpstreamError:
+                    pass
+
+    async def read(self, principal: Principal, uri: str, session: SessionRecord | None = None) -> list[Any]:
+        """``resources/read`` of an upstream's URI. Raises NotFound, RpcError, UpstreamRefused."""
+        upstream = self.owner(principal.tenant, uri)
+        if upstream is None:
+            raise NotFound(uri)
+        try:
+            result = await self.forward(principal, upstream, "resources/read", {"uri": uri}, session=session)
+        except rpc.RpcError as exc:
+            if exc.code in (rpc.RESOURCE_NOT_FOUND, rpc.INVALID_PARAMS) and "not found" in exc.message.lower():
+                raise NotFound(uri) from exc
+            raise
+        contents = result.get("contents", [])
+        return contents if isinstance(contents, list) else []
