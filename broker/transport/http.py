@@ -8,9 +8,10 @@ checked at the edge (``transport/edge.py``) before the request got here.
 
 Legacy choices the specification leaves open:
 
-* POST requests are answered with ``application/json``, never with an SSE stream; only the
-  GET stream carries event ids, so ``Last-Event-ID`` always names a position in the
-  session's inbox.
+* POST requests are answered with ``application/json``, except a request forwarded to an upstream
+  whose caller asked for progress (``params._meta.progressToken``): an SSE stream of the
+  upstream's ``notifications/progress``, then the answer, without event ids. Only the GET stream
+  carries them, so ``Last-Event-ID`` always names a position in the session's inbox.
 * One live GET stream per session: a second GET *takes over* and the first one ends. A
   client whose connection died half-open is never locked out (a 409 would lock it out until
   the server noticed), and a message goes to exactly one stream.
@@ -21,10 +22,13 @@ Legacy choices the specification leaves open:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -37,7 +41,7 @@ from broker.errors import BackendUnavailable, Refusal, SessionNotFound
 from broker.feeds.listen import ResumableListen
 from broker.feeds.model import Cursor, parse_event_id
 from broker.feeds.service import SessionRecord, honours
-from broker.methods import Call
+from broker.methods import FORWARDED, Call
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.envelope import http_era
 from broker.protocol.versions import DEFAULT_LEGACY, LEGACY_VERSIONS, MODERN_VERSIONS, PRIMING_VERSIONS
@@ -51,6 +55,7 @@ from broker.transport.edge import (
     rpc_error,
     unavailable,
 )
+from broker.transport.rpc import as_rpc
 from broker.transport.sse import SSEResponse, SSEWriter
 
 __all__ = ["McpEndpoint"]
@@ -166,6 +171,9 @@ class McpEndpoint:
             return self._error(refused, msg.id)
         try:
             call = Call(principal, False, await self._session(request, principal), request.headers.get)
+            if _wants_progress(msg):
+                return self._forwarded(msg, lambda progress: self.dispatcher.legacy(
+                    replace(call, progress=progress), msg))
             reply = await self.dispatcher.legacy(call, msg, whole=True)
         except (rpc.RpcError, Refusal) as exc:  # e.g. a quota's refusal: 429 with Retry-After
             return rpc_error(exc, msg.id)
@@ -179,6 +187,11 @@ class McpEndpoint:
             return Response(status_code=202)  # e.g. a stray notifications/cancelled: accepted and dropped
         if msg.kind == "response":
             raise http_error(400, "Clients must not send responses")
+        if _wants_progress(msg):
+            if (refused := self.dispatcher.refusal(principal, msg.method)) is not None:
+                return self._error(refused, msg.id)
+            header = request.headers.get
+            return self._forwarded(msg, lambda progress: self._modern_reply(principal, msg, header, progress))
         try:
             answer = await self.dispatcher.modern(principal, msg, request.headers.get)
         except (rpc.RpcError, Refusal) as exc:
@@ -186,6 +199,43 @@ class McpEndpoint:
         if isinstance(answer, Listen | ResumableListen):
             return self._listen_response(answer)
         return json_response(answer)
+
+    async def _modern_reply(self, principal: Principal, msg: rpc.Message, header: Callable[[str], str | None],
+                            progress: Callable[[dict[str, Any]], Awaitable[None]]) -> bytes:
+        answer = await self.dispatcher.modern(principal, msg, header, progress)
+        assert isinstance(answer, bytes)  # a forwarded method is no listen
+        return answer
+
+    def _forwarded(self, msg: rpc.Message,
+                   reply: Callable[[Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[bytes | None]],
+                   ) -> SSEResponse:
+        """A forwarded request answered as SSE: the upstream's notifications about it, then its answer.
+        The client going away cancels it (2026-07-28: closing the stream is the cancel; before, nothing
+        else could still receive the answer), and the cancel reaches the upstream."""
+        holder: dict[str, asyncio.Task[bytes | None]] = {}
+
+        async def run(writer: SSEWriter) -> None:
+            async def progress(note: dict[str, Any]) -> None:
+                await writer.send(orjson.dumps(note))
+
+            task = holder["task"] = asyncio.ensure_future(reply(progress))
+            try:
+                answer = await task
+            except (rpc.RpcError, Refusal) as exc:
+                answer = rpc.encode_error(msg.id, as_rpc(exc))
+            except asyncio.CancelledError:
+                if task.cancelled() and not _cancelling():
+                    return  # the client left: nothing to answer
+                raise
+            if answer is not None:
+                await writer.send(answer)
+
+        def disconnected() -> None:
+            task = holder.get("task")
+            if task is not None:
+                task.cancel()
+
+        return SSEResponse(run, disconnected, retry_ms=self.retry_ms)
 
     def _listen_response(self, listen: Listen | ResumableListen) -> SSEResponse:
         """The stream of an opened listen; after its ack only notifications follow."""
@@ -242,6 +292,19 @@ class McpEndpoint:
             return await self.dispatcher.load_session(sid, principal)
         except SessionNotFound as exc:
             raise http_error(404, "Session not found") from exc
+
+
+def _wants_progress(msg: rpc.Message) -> bool:
+    """A request forwarded to an upstream whose caller asked for its progress: answered as SSE."""
+    if msg.method not in FORWARDED or not msg.is_request:
+        return False
+    meta = msg.params.get("_meta")
+    return isinstance(meta, dict) and isinstance(meta.get("progressToken"), str | int)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _parse(obj: Any) -> rpc.Message:

@@ -30,6 +30,8 @@ import signal
 import sys
 from typing import IO, Any, Protocol
 
+import orjson
+
 from broker.auth import Principal
 from broker.config import Settings
 from broker.delivery import EndReason, Listen
@@ -84,6 +86,10 @@ class StdioServer:
 
     async def reply(self, data: bytes) -> None:
         await self.output.put(data)
+
+    async def progress(self, note: dict[str, Any]) -> None:
+        """An upstream's notification about a request forwarded to it (``notifications/progress``)."""
+        await self.reply(orjson.dumps(note))
 
     # -- input ------------------------------------------------------------------------------
     async def handle_line(self, line: bytes) -> None:
@@ -140,7 +146,7 @@ class StdioServer:
     # -- legacy -----------------------------------------------------------------------------
     async def legacy(self, msg: Message) -> bytes | None:
         """The reply to a legacy message, with an outage answered in-band rather than ending the process."""
-        call = Call(self.principal, False, self.session)
+        call = Call(self.principal, False, self.session, progress=self.progress)
         try:
             if not msg.is_request:
                 await self.dispatcher.notify(call, msg)
@@ -209,7 +215,7 @@ class StdioServer:
     async def modern(self, msg: Message) -> None:
         assert msg.id is not None
         try:
-            answer = await self.dispatcher.modern(self.principal, msg)
+            answer = await self.dispatcher.modern(self.principal, msg, progress=self.progress)
         except (rpc.RpcError, Refusal) as exc:
             answer = rpc.encode_error(msg.id, as_rpc(exc))
         if isinstance(answer, Listen | ResumableListen):
