@@ -39,6 +39,8 @@ MARGIN_SHARE: Final = 0.1
 MAX_MARGIN: Final = 60.0
 #: The lifetime assumed of a token whose answer gives no ``expires_in``.
 DEFAULT_LIFETIME: Final = 300.0
+#: Seconds a failed fetch is answered from memory: requests waiting in line do not each ask again.
+FAILED_RETRY: Final = 1.0
 _RESOURCE_METADATA: Final = re.compile(r'resource_metadata="([^"]+)"')
 
 
@@ -71,6 +73,7 @@ class UpstreamAuth:
         self._token_url: str | None = spec.token_url
         self._challenge: str | None = None
         self._lock = asyncio.Lock()
+        self._failed: tuple[float, UpstreamUnavailable] | None = None
         #: Tokens fetched from the token endpoint so far (tests and metrics read it).
         self.fetches = 0
 
@@ -89,13 +92,24 @@ class UpstreamAuth:
         if self._token is None or time.monotonic() >= self._expires:
             async with self._lock:
                 if self._token is None or time.monotonic() >= self._expires:
-                    try:
-                        async with asyncio.timeout(self.timeout):
-                            await self._fetch()
-                    except TimeoutError:
-                        raise self._fail(f"no token within {self.timeout:g} s") from None
+                    await self._fetch_once()
         assert self._token is not None
         return {"Authorization": f"Bearer {self._token}"}
+
+    async def _fetch_once(self) -> None:
+        """Fetch a token, unless a fetch failed within ``FAILED_RETRY`` seconds (then its failure again)."""
+        if self._failed is not None and time.monotonic() - self._failed[0] < FAILED_RETRY:
+            raise self._failed[1]
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._fetch()
+        except TimeoutError:
+            self._failed = (time.monotonic(), self._fail(f"no token within {self.timeout:g} s"))
+            raise self._failed[1] from None
+        except UpstreamUnavailable as exc:
+            self._failed = (time.monotonic(), exc)
+            raise
+        self._failed = None
 
     def invalidate(self, challenge: str | None = None) -> None:
         """The upstream refused the token: the next ``headers`` rereads or fetches it. ``challenge``: the 401's

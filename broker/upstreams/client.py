@@ -106,13 +106,14 @@ async def read_events(chunks: AsyncIterator[bytes], limit: int, *, whole: bool) 
     one event (a long-lived stream); past it, ``_TooLarge``. Lines end in CR, LF or CRLF; comments (the
     keep-alives) and fields MCP does not use are skipped."""
     buffer = bytearray()
-    size = 0
+    total = 0
+    pending = 0  # bytes of the event being read, its lines so far
     data: list[bytes] = []
     event_id: str | None = None
     seen = False
     async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
+        total += len(chunk)
+        if whole and total > limit:
             raise _TooLarge
         buffer += chunk
         start = 0
@@ -120,6 +121,7 @@ async def read_events(chunks: AsyncIterator[bytes], limit: int, *, whole: bool) 
             if match.group() == b"\r" and match.end() == len(buffer):
                 break  # perhaps the first half of a CRLF: wait for the next chunk
             line = bytes(buffer[start:match.start()])
+            pending += match.end() - start
             start = match.end()
             if line:
                 name, _, value = line.partition(b":")
@@ -130,12 +132,14 @@ async def read_events(chunks: AsyncIterator[bytes], limit: int, *, whole: bool) 
                     event_id = value.decode(errors="replace")
                 seen = seen or bool(name)
                 continue
+            if not whole and pending > limit:
+                raise _TooLarge
             if seen:
                 yield SseEvent(event_id, _decode(b"\n".join(data)) if data else None)
-            data, event_id, seen = [], None, False
-            if not whole:
-                size = len(buffer) - start
+            data, event_id, seen, pending = [], None, False, 0
         del buffer[:start]
+        if not whole and pending + len(buffer) > limit:
+            raise _TooLarge
 
 
 def _decode(raw: bytes) -> dict[str, Any] | None:
@@ -267,7 +271,7 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT):
                 await self.http.delete(self.url, headers={**_session_headers(session), **await self.auth.headers()})
-        except (TimeoutError, httpx.HTTPError, UpstreamError) as exc:
+        except Exception as exc:  # best effort, whatever went wrong (the client may be closed already)
             logger.debug("upstream %r: ending a session failed: %s", self.name, exc)
 
     # -- requests ------------------------------------------------------------------------------
@@ -372,7 +376,7 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT):
                 await self._post(body, _session_headers(session), None)
-        except (TimeoutError, UpstreamError) as exc:
+        except Exception as exc:  # fire and forget: nobody waits for it
             logger.debug("upstream %r: %s was not delivered: %s", self.name, body["method"], exc)
 
     async def aclose(self) -> None:

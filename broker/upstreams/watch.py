@@ -126,11 +126,13 @@ class UpstreamWatch:
                     await self.client.probe()
                     await (self._modern() if self.client.era == "modern" else self._legacy())
                 except Exception as exc:
-                    logger.warning("upstream %r: its watch broke (%s); again in %.1f s", self.client.name, exc,
-                                   MIN_PAUSE if self._up else pause)
+                    # It was up, or it answered that it forgot the session (a new one is the way on): the
+                    # pauses start afresh. Else they grow while it fails.
+                    if self._up or isinstance(exc, UpstreamSessionGone):
+                        pause = MIN_PAUSE
+                    logger.warning("upstream %r: its watch broke (%s); again in %.1f s", self.client.name, exc, pause)
                 self.state, self.watched = "broken", frozenset()
                 self.reconnects += 1
-                pause = MIN_PAUSE if self._up else pause  # it was up: the pauses start afresh
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, MAX_PAUSE)
         finally:

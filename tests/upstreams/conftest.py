@@ -26,17 +26,18 @@ DEADLINE = 15.0
 
 
 class UpstreamProcess:
-    """``python -m tests.upstream_server`` on a loopback port (the same one again after ``restart``)."""
+    """``python -m tests.upstream_server`` on a loopback port (the same one again after ``stop`` and ``start``)."""
 
     def __init__(self, *, era: str = "modern", tokens: tuple[str, ...] = (), issuer: str | None = None,
-                 port: int | None = None, start: bool = True) -> None:
+                 port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.era = era
         self.args = ["--port", str(self.port), "--era", "legacy" if era == "legacy" else "both",
-                     *(arg for token in tokens for arg in ("--token", token)), *(["--issuer", issuer] if issuer else [])]
+                     *(arg for token in tokens for arg in ("--token", token)),
+                     *(["--issuer", issuer] if issuer else [])]
         self.proc: subprocess.Popen[bytes] | None = None
-        if start:
-            self.start()
+        self.start()
 
     @property
     def mcp_url(self) -> str:
@@ -45,17 +46,14 @@ class UpstreamProcess:
     def start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.upstream_server", *self.args], cwd=ROOT,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200, what="the upstream to listen")
+        wait_until(lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200,
+                   what="the upstream to listen")
 
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait(10)
             self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     async def stats(self) -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:

@@ -25,7 +25,7 @@ def text_of(result: dict[str, Any]) -> str:
 
 
 async def test_the_era_is_learnt_and_requests_are_answered(upstream: UpstreamProcess, client: UpstreamClient) -> None:
-    expected = "legacy" if "legacy" in upstream.args else "modern"
+    expected = upstream.era
     assert client.era == expected
     server = await client.probe()
     assert server["serverInfo"]["name"] == "upstream"
