@@ -1,12 +1,13 @@
-"""JSON-RPC to one upstream MCP server over Streamable HTTP, in whichever era it speaks.
+"""JSON-RPC to one upstream MCP server, in whichever era it speaks: over Streamable HTTP, or to its process.
 
 ``probe`` learns the era once: ``server/discover`` (2026-07-28, stateless: every request carries
 the ``_meta`` envelope and the SEP-2243 headers), else the ``initialize`` handshake of a 2025
 server, whose session is kept as this client's shared one. ``request`` sends one request and
 returns its result, whether the answer is JSON or an SSE stream (the notifications before the
 answer, progress above all, go to ``on_notification``). The broker's own credentials
-(``auth.UpstreamAuth``) go with each request; every header is built here, so nothing a client of
-the broker sent, its token least of all, reaches the upstream.
+(``auth.UpstreamAuth``) go with each request; every header is built here and in
+``streamable.HttpWire``, so nothing a client of the broker sent, its token least of all, reaches
+the upstream.
 
 Bounds: ``spec.concurrency`` requests in flight per client (one more is refused at once, not
 queued: ``UpstreamBusy``), ``spec.timeout`` seconds for the whole of one (``UpstreamTimeout``), and
@@ -15,8 +16,12 @@ goes away is cancelled at the upstream: its response stream is closed (that is t
 2026-07-28) and, on a 2025 session, ``notifications/cancelled`` is sent.
 
 ``listen`` and ``session_stream`` open the long-lived streams ``watch.UpstreamWatch`` reads; they
-are outside the concurrency bound, and only their opening is timed. Only ``url`` upstreams are
-spoken to here: a ``command`` (stdio) upstream is refused at construction.
+are outside the concurrency bound, and only their opening is timed.
+
+A ``command`` upstream (``stdio.StdioUpstream``) is one process per client, in the 2025 era: the
+process is the one session (``open_session`` returns it, a new one once the process was started
+again), and a request's id on its wire is always one of the client's own, since every caller
+shares the process (``request_id`` is not used).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import base64
 import contextlib
 import itertools
 import logging
-import re
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -45,6 +49,8 @@ from broker.upstreams.errors import (
     UpstreamUnavailable,
 )
 from broker.upstreams.spec import UpstreamSpec
+from broker.upstreams.stdio import StdioUpstream
+from broker.upstreams.streamable import ACCEPT, HttpWire, Notify, SseEvent, read_events, rpc_result
 
 __all__ = ["LEGACY", "MAX_BYTES", "MODERN", "SseEvent", "UpstreamBusy", "UpstreamClient", "UpstreamError",
            "UpstreamRpcError", "UpstreamSession", "UpstreamSessionGone", "UpstreamTimeout", "UpstreamUnavailable",
@@ -59,17 +65,12 @@ LEGACY: Final = "2025-11-25"
 MAX_BYTES: Final = 16 * 1024 * 1024
 #: Seconds a ``notifications/cancelled`` (or a session's DELETE) may take; it is sent and forgotten.
 CANCEL_TIMEOUT: Final = 2.0
-#: Bytes of an error answer kept to read its JSON-RPC error from.
-_ERROR_BYTES: Final = 65_536
-_ACCEPT: Final = "application/json, text/event-stream"
 _VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 _CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
 _CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
 _SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
 #: The methods whose ``Mcp-Name`` header repeats a parameter (SEP-2243), and which one.
 _NAMED: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-_EOL: Final = re.compile(rb"\r\n|\r|\n")
-_REFUSED: Final = "the upstream refused the broker's credentials"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,75 +80,6 @@ class UpstreamSession:
 
     id: str
     version: str
-
-
-@dataclass(frozen=True, slots=True)
-class SseEvent:
-    """One server-sent event: its ``id`` (a resumption cursor), and its data as a JSON-RPC message (None for
-    an event without one, such as a priming event)."""
-
-    id: str | None
-    message: dict[str, Any] | None
-
-
-class _Unauthorized(Exception):
-    """A 401: the credentials are to be fetched again (``challenge``: its ``WWW-Authenticate``)."""
-
-    def __init__(self, challenge: str | None) -> None:
-        self.challenge = challenge
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def read_events(chunks: AsyncIterator[bytes], limit: int, *, whole: bool) -> AsyncGenerator[SseEvent, None]:
-    """The events of an SSE body. ``limit``: bytes of the whole body (``whole``, a request's answer) or of any
-    one event (a long-lived stream); past it, ``_TooLarge``. Lines end in CR, LF or CRLF; comments (the
-    keep-alives) and fields MCP does not use are skipped."""
-    buffer = bytearray()
-    total = 0
-    pending = 0  # bytes of the event being read, its lines so far
-    data: list[bytes] = []
-    event_id: str | None = None
-    seen = False
-    async for chunk in chunks:
-        total += len(chunk)
-        if whole and total > limit:
-            raise _TooLarge
-        buffer += chunk
-        start = 0
-        for match in _EOL.finditer(buffer):
-            if match.group() == b"\r" and match.end() == len(buffer):
-                break  # perhaps the first half of a CRLF: wait for the next chunk
-            line = bytes(buffer[start:match.start()])
-            pending += match.end() - start
-            start = match.end()
-            if line:
-                name, _, value = line.partition(b":")
-                value = value[1:] if value.startswith(b" ") else value
-                if name == b"data":
-                    data.append(value)
-                elif name == b"id":
-                    event_id = value.decode(errors="replace")
-                seen = seen or bool(name)
-                continue
-            if not whole and pending > limit:
-                raise _TooLarge
-            if seen:
-                yield SseEvent(event_id, _decode(b"\n".join(data)) if data else None)
-            data, event_id, seen, pending = [], None, False, 0
-        del buffer[:start]
-        if not whole and pending + len(buffer) > limit:
-            raise _TooLarge
-
-
-def _decode(raw: bytes) -> dict[str, Any] | None:
-    try:
-        message = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return message if isinstance(message, dict) else None
 
 
 def header_value(value: str) -> str:
@@ -163,16 +95,17 @@ class UpstreamClient:
 
     def __init__(self, spec: UpstreamSpec, *, client_info: dict[str, Any],
                  transport: httpx.AsyncBaseTransport | None = None, max_bytes: int = MAX_BYTES) -> None:
-        if spec.url is None:
-            raise ValueError(f"upstream {spec.name!r}: only url upstreams are spoken to over HTTP")
         self.spec = spec
         self.name = spec.name
-        self.url = spec.url
+        self.url = spec.url or ""
+        #: A ``command`` upstream's process (then no HTTP is spoken).
+        self._stdio = StdioUpstream(spec.name, spec.command, max_bytes) if spec.command else None
         self.client_info = dict(client_info)
         self.max_bytes = max_bytes
         self.http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(spec.timeout),
                                       follow_redirects=False, headers={"User-Agent": "mcp-broker"})
         self.auth = UpstreamAuth(spec.auth, spec.url, self.http, spec.timeout, upstream=spec.name)
+        self._http = HttpWire(spec.name, self.url, self.http, self.auth, timeout=spec.timeout, max_bytes=max_bytes)
         #: "modern" or "legacy" once ``probe`` succeeded.
         self.era: str | None = None
         #: Requests in flight now (``request`` only).
@@ -209,6 +142,8 @@ class UpstreamClient:
         modern request with a 400, 404 or 405, or a JSON-RPC error)."""
         found: dict[str, Any] | None = None
         try:
+            if self._stdio is not None:
+                raise UpstreamRpcError(self.name, -32601, "a stdio upstream is spoken to in the 2025 era")
             message, _ = await self._post(self._modern_body(self._fresh_id(), "server/discover", {}),
                                           self._modern_headers("server/discover", {}), None)
             found = self._result(message)
@@ -238,6 +173,10 @@ class UpstreamClient:
     async def _initialize(self) -> tuple[UpstreamSession, dict[str, Any]]:
         body = {"jsonrpc": "2.0", "id": self._fresh_id(), "method": "initialize",
                 "params": {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": self.client_info}}
+        if self._stdio is not None:  # the process is the session: opened once per process
+            session_id, opened = await self._stdio.open(body)
+            result = self._result(opened)
+            return UpstreamSession(session_id, str(result.get("protocolVersion") or LEGACY)), result
         message, headers = await self._post(body, {}, None)
         result = self._result(message)
         session = UpstreamSession(str(headers.get("mcp-session-id") or ""), str(result.get("protocolVersion")
@@ -266,7 +205,7 @@ class UpstreamClient:
         """End a 2025 session (DELETE); a failure is only logged: the upstream forgets idle sessions itself."""
         if self._shared == session:
             self._shared = None
-        if not session.id:
+        if not session.id or self._stdio is not None:
             return
         try:
             async with asyncio.timeout(CANCEL_TIMEOUT):
@@ -385,6 +324,8 @@ class UpstreamClient:
             await asyncio.wait(set(self._background), timeout=CANCEL_TIMEOUT)
         if self._shared is not None:
             await self.close_session(self._shared)
+        if self._stdio is not None:
+            await self._stdio.aclose()
         await self.http.aclose()
 
     # -- the wire --------------------------------------------------------------------------------
@@ -408,118 +349,15 @@ class UpstreamClient:
         return headers
 
     def _result(self, message: dict[str, Any] | None) -> dict[str, Any]:
-        if message is None:
-            raise UpstreamUnavailable(self.name, "it accepted a request without answering it")
-        error = message.get("error")
-        if isinstance(error, dict):
-            code = error.get("code")
-            raise UpstreamRpcError(self.name, code if isinstance(code, int) else -32603,
-                                   str(error.get("message", "")), error.get("data"))
-        result = message.get("result")
-        if not isinstance(result, dict):
-            raise UpstreamUnavailable(self.name, "its answer is not a JSON-RPC result")
-        return result
+        return rpc_result(self.name, message)
 
-    async def _post(self, body: dict[str, Any], headers: dict[str, str],
-                    on_notification: Callable[[dict[str, Any]], Awaitable[None]] | None,
+    async def _post(self, body: dict[str, Any], headers: dict[str, str], on_notification: Notify | None,
                     ) -> tuple[dict[str, Any] | None, httpx.Headers]:
-        """POST one message: its answer (None for an accepted notification) and the response's headers. A 401
-        fetches the credentials again, once."""
-        content = orjson.dumps(body)
-        for attempt in (1, 2):
-            request = self.http.build_request("POST", self.url, content=content, headers={
-                "Accept": _ACCEPT, "Content-Type": "application/json", **headers, **await self.auth.headers()})
-            try:
-                return await self._exchange(request, body.get("id"), "Mcp-Session-Id" in headers, on_notification)
-            except _Unauthorized as exc:
-                if attempt == 2:
-                    raise UpstreamUnavailable(self.name, _REFUSED, status=401) from None
-                self.auth.invalidate(exc.challenge)
-        raise AssertionError("unreachable")
-
-    async def _exchange(self, request: httpx.Request, id_: Any, in_session: bool,
-                        on_notification: Callable[[dict[str, Any]], Awaitable[None]] | None,
-                        ) -> tuple[dict[str, Any] | None, httpx.Headers]:
-        response = await self._open(request)
-        try:
-            await self._check(response, in_session)
-            if response.status_code == 202 or id_ is None:
-                return None, response.headers
-            kind = str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
-            message: dict[str, Any] | None
-            if kind == "text/event-stream":
-                message = await self._answer_in(response, id_, on_notification)
-            elif kind == "application/json":
-                message = _decode(await self._body(response, self.max_bytes))
-            else:
-                raise UpstreamUnavailable(self.name, f"it answered {kind or 'no content type'}, not MCP",
-                                          status=response.status_code)
-            if message is None:
-                raise UpstreamUnavailable(self.name, "its answer is not a JSON-RPC message")
-            return message, response.headers
-        except _TooLarge:
-            raise UpstreamUnavailable(self.name, f"its answer is larger than {self.max_bytes} bytes") from None
-        except httpx.TimeoutException:
-            raise UpstreamTimeout(self.name, "it stopped sending its answer") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(self.name, f"the connection broke ({type(exc).__name__})") from None
-        finally:
-            await response.aclose()  # before the answer's end: the request's cancel, in 2026-07-28
-
-    async def _open(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await self.http.send(request, stream=True)
-        except httpx.TimeoutException:
-            raise UpstreamTimeout(self.name, "no connection or answer in time") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(self.name, f"cannot reach {self.url} ({type(exc).__name__})") from None
-
-    async def _check(self, response: httpx.Response, in_session: bool) -> None:
-        """Raise for a status that is no answer: 401/403, a forgotten session, an error, a failure."""
-        status = response.status_code
-        if status in (200, 202):
-            return
-        body = await self._body(response, _ERROR_BYTES, cut=True)
-        if status == 401:
-            raise _Unauthorized(response.headers.get("www-authenticate"))
-        if status == 403:
-            raise UpstreamUnavailable(self.name, _REFUSED, status=status)
-        if status == 404 and in_session:
-            raise UpstreamSessionGone(self.name, "it no longer knows the session (404)", status=status)
-        message = _decode(body) if status < 500 else None
-        error = message.get("error") if message is not None else None
-        if isinstance(error, dict) and isinstance(error.get("code"), int):
-            raise UpstreamRpcError(self.name, error["code"], str(error.get("message", "")), error.get("data"))
-        raise UpstreamUnavailable(self.name, f"it answered HTTP {status}", status=status)
-
-    async def _body(self, response: httpx.Response, limit: int, *, cut: bool = False) -> bytes:
-        """The body, at most ``limit`` bytes: past it, ``_TooLarge`` (or the first ``limit`` bytes, ``cut``)."""
-        declared = response.headers.get("content-length", "")
-        if not cut and declared.isdigit() and int(declared) > limit:
-            raise _TooLarge
-        data = bytearray()
-        async for chunk in response.aiter_bytes():
-            data += chunk
-            if len(data) > limit:
-                if cut:
-                    return bytes(data[:limit])
-                raise _TooLarge
-        return bytes(data)
-
-    async def _answer_in(self, response: httpx.Response, id_: Any,
-                         on_notification: Callable[[dict[str, Any]], Awaitable[None]] | None) -> dict[str, Any]:
-        """The answer to ``id_`` in an SSE stream; the notifications before it go to ``on_notification``.
-        A request of the upstream's is left unanswered: the broker declares no client capability."""
-        async with contextlib.aclosing(read_events(response.aiter_bytes(), self.max_bytes, whole=True)) as events:
-            async for event in events:
-                message = event.message
-                if message is None:
-                    continue
-                if "method" not in message and message.get("id") == id_:
-                    return message
-                if "method" in message and "id" not in message and on_notification is not None:
-                    await on_notification(message)
-        raise UpstreamUnavailable(self.name, "it ended the answer's stream without the answer")
+        """One message to the upstream, and its answer (None for a notification): POSTed, or written to the
+        process in the session it names."""
+        if self._stdio is not None:
+            return await self._stdio.send(body, headers.get("Mcp-Session-Id"), on_notification), httpx.Headers()
+        return await self._http.post(body, headers, on_notification)
 
     # -- long-lived streams ------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -527,8 +365,10 @@ class UpstreamClient:
         """A 2026-07-28 ``subscriptions/listen`` with this filter: its events, until the block is left (which
         ends the listen at the upstream)."""
         body = self._modern_body(request_id, "subscriptions/listen", {"notifications": notifications})
-        async with self._stream("POST", orjson.dumps(body), {
-                "Accept": _ACCEPT, "Content-Type": "application/json",
+        if self._stdio is not None:
+            raise UpstreamUnavailable(self.name, "a stdio upstream is spoken to in the 2025 era, without listens")
+        async with self._http.stream("POST", orjson.dumps(body), {
+                "Accept": ACCEPT, "Content-Type": "application/json",
                 **self._modern_headers("subscriptions/listen", {})}, in_session=False) as events:
             yield events
 
@@ -541,65 +381,19 @@ class UpstreamClient:
         Raises:
             UpstreamSessionGone: the upstream forgot the session.
         """
+        if self._stdio is not None:  # the process's notifications, with no cursor to resume from
+            async with self._stdio.stream(session.id) as messages:
+                yield _as_events(messages)
+            return
         headers = {"Accept": "text/event-stream", **_session_headers(session)}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        async with self._stream("GET", None, headers, in_session=True) as events:
+        async with self._http.stream("GET", None, headers, in_session=True) as events:
             yield events
 
-    @contextlib.asynccontextmanager
-    async def _stream(self, method: str, content: bytes | None, headers: dict[str, str], *,
-                      in_session: bool) -> AsyncIterator[AsyncIterator[SseEvent]]:
-        response = await self._open_stream(method, content, headers, in_session)
-        events = self._stream_events(response)
-        try:
-            yield events
-        finally:
-            await events.aclose()
-            await response.aclose()
-
-    async def _open_stream(self, method: str, content: bytes | None, headers: dict[str, str],
-                           in_session: bool) -> httpx.Response:
-        """An SSE response, opened within ``spec.timeout`` and then read for as long as it lasts."""
-        timeout = httpx.Timeout(self.spec.timeout, read=None)
-        try:
-            async with asyncio.timeout(self.spec.timeout):
-                for attempt in (1, 2):
-                    request = self.http.build_request(method, self.url, content=content, timeout=timeout,
-                                                      headers={**headers, **await self.auth.headers()})
-                    response = await self._open(request)
-                    try:
-                        await self._check(response, in_session)
-                        kind = str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
-                        if kind != "text/event-stream":
-                            message = _decode(await self._body(response, _ERROR_BYTES, cut=True))
-                            if message is not None:
-                                self._result(message)  # the upstream's error, passed on
-                            raise UpstreamUnavailable(self.name, f"it answered {method} without a stream")
-                        return response
-                    except _Unauthorized as exc:
-                        await response.aclose()
-                        if attempt == 2:
-                            raise UpstreamUnavailable(self.name, _REFUSED, status=401) from None
-                        self.auth.invalidate(exc.challenge)
-                    except BaseException:
-                        await response.aclose()
-                        raise
-        except TimeoutError:
-            raise UpstreamTimeout(self.name, f"its stream did not open within {self.spec.timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(self.name, f"the connection broke ({type(exc).__name__})") from None
-        raise AssertionError("unreachable")
-
-    async def _stream_events(self, response: httpx.Response) -> AsyncGenerator[SseEvent, None]:
-        try:
-            async with contextlib.aclosing(read_events(response.aiter_bytes(), self.max_bytes, whole=False)) as events:
-                async for event in events:
-                    yield event
-        except _TooLarge:
-            raise UpstreamUnavailable(self.name, f"it sent an event larger than {self.max_bytes} bytes") from None
-        except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(self.name, f"its stream broke ({type(exc).__name__})") from None
+async def _as_events(messages: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[SseEvent, None]:
+    async for message in messages:
+        yield SseEvent(None, message)
 
 
 def _session_headers(session: UpstreamSession) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""``read_events``: server-sent events as an upstream may cut them, within their byte bound."""
+"""``streamable.read_events``: server-sent events as an upstream may cut them, within their byte bound."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.upstreams.client import SseEvent, _TooLarge, read_events
+from broker.upstreams.streamable import SseEvent, _TooLarge, read_events
 
 
 async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
