@@ -20,12 +20,15 @@ Side doors a test drives, outside MCP:
 Run: ``python -m tests.upstream_server --port N`` with ``--token T`` (repeatable: requests must
 carry ``Authorization: Bearer T``), ``--issuer URL`` (also accept the JWTs of that authorization
 server whose audience is this server's MCP URL; its protected resource metadata names it) and
-``--era legacy`` (refuse 2026-07-28, as a server of the 2025 protocol does).
+``--era legacy`` (refuse 2026-07-28, as a server of the 2025 protocol does). ``--stdio``: MCP on
+stdin and stdout instead, the side doors still on ``--port`` (``/stats`` names the process's pid).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections import deque
 from typing import Any
 
@@ -36,6 +39,7 @@ import orjson
 import uvicorn
 from mcp.server.lowlevel import Server
 from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     ListenHandler,
@@ -43,6 +47,7 @@ from mcp.server.subscriptions import (
     ResourceUpdated,
 )
 from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -200,7 +205,7 @@ class Upstream:
             "requests": list(self.requests), "get_streams": self.get_streams, "listens": len(self.listens),
             "listening": sorted(uri for uris in self.listens.values() for uri in uris),
             "watchers": {uri: len(sessions) for uri, sessions in self.watchers.items() if sessions},
-            "cancelled": self.cancelled, "notes": self.notes,
+            "cancelled": self.cancelled, "notes": self.notes, "pid": os.getpid(),
         })
 
     async def put_note(self, request: Request) -> Response:
@@ -300,15 +305,29 @@ def _text(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
+async def _serve_stdio(upstream: Upstream, port: int) -> None:
+    side = uvicorn.Server(uvicorn.Config(Starlette(routes=upstream.routes()), host="127.0.0.1", port=port,
+                                         log_level="warning", access_log=False))
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(side.serve)
+        async with stdio_server() as (read, write):
+            await upstream.server.run(read, write, upstream.server.create_initialization_options())
+        side.should_exit = True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--token", action="append", default=[], help="a bearer token to require (repeatable)")
     parser.add_argument("--issuer", help="also accept this authorization server's JWTs")
     parser.add_argument("--era", choices=["both", "legacy"], default="both")
+    parser.add_argument("--stdio", action="store_true", help="MCP on stdin and stdout")
     args = parser.parse_args()
     upstream = Upstream(tokens=args.token, issuer=args.issuer, legacy_only=args.era == "legacy",
                         base=f"http://127.0.0.1:{args.port}")
+    if args.stdio:
+        anyio.run(_serve_stdio, upstream, args.port)
+        sys.exit(0)
     uvicorn.run(upstream.app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=1)
 

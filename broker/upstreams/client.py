@@ -230,7 +230,7 @@ class UpstreamClient:
         if self.in_flight >= self.spec.concurrency:
             raise UpstreamBusy(self.name, f"{self.spec.concurrency} requests are in flight to it already")
         self.in_flight += 1
-        id_ = request_id if request_id is not None else self._fresh_id()
+        id_ = request_id if request_id is not None and self._stdio is None else self._fresh_id()
         sent_on: list[UpstreamSession] = []
         try:
             async with asyncio.timeout(self.spec.timeout):

@@ -59,7 +59,7 @@ class StdioUpstream:
         """The running process's session id and its answer to the handshake, ``initialize`` then
         ``notifications/initialized``, sent when it starts (now, if it does not run, or its handshake failed)."""
         async with self._starting:
-            if self._proc is not None and self._proc.returncode is None and self._initialized is not None:
+            if self._initialized is not None:  # its process runs (its reader resets it when it ends)
                 return self.session_id, self._initialized
             await self._stop()
             try:
@@ -110,8 +110,8 @@ class StdioUpstream:
         try:
             proc.stdin.write(orjson.dumps(message) + b"\n")
             await proc.stdin.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            raise UpstreamUnavailable(self.name, f"its process stopped reading ({type(exc).__name__})") from None
+        except (ConnectionError, RuntimeError) as exc:  # it exited: nothing was delivered, and its session is gone
+            raise UpstreamSessionGone(self.name, f"its process stopped reading ({type(exc).__name__})") from None
 
     @contextlib.asynccontextmanager
     async def stream(self, session_id: str) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
@@ -185,8 +185,8 @@ class StdioUpstream:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        if session_id == self.session_id:
-            self.session_id = ""
+        if session_id == self.session_id:  # the next request starts another
+            self.session_id, self._initialized = "", None
         failure = UpstreamUnavailable(self.name, why)
         for waiting in self._pending.values():
             if not waiting.done():
