@@ -95,8 +95,8 @@ class UpstreamWatch:
         self.events = events
         #: The URIs the upstream has confirmed it watches (acknowledged or subscribed) now.
         self.watched: frozenset[str] = frozenset()
-        #: "connecting" before the stream was first up, "watching" while it is, "broken" from a break until
-        #: it is up again.
+        #: "connecting" until the first attempt is up or failed, "watching" while the stream is up, "broken"
+        #: from a break (or a failed attempt) until it is up again.
         self.state = "connecting"
         #: Breaks so far, and notifications received (for the metrics).
         self.reconnects = 0
