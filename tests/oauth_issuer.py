@@ -72,6 +72,8 @@ class Authority:
         #: Faults: seconds each introspection answer takes; seconds between the key set's bytes.
         self.introspection_delay = 0.0
         self.trickle: float | None = None
+        #: Seconds the client credentials grant's tokens live (its ``expires_in``).
+        self.token_lifetime = 300
         self.app = Starlette(routes=[
             Route("/.well-known/oauth-authorization-server", self._metadata),
             Route("/jwks", self._jwks),
@@ -180,9 +182,11 @@ class Authority:
         client_id, client = found
         scope = form.get("scope") or "resources:read"
         token = jwt.encode(self.claims(**{"sub": client_id, "aud": form.get("resource", self.audience),
-                                          "scope": scope, **client.claims}),
+                                          "scope": scope, "exp": int(time.time()) + self.token_lifetime,
+                                          **client.claims}),
                            self.rsa, algorithm="RS256", headers={"kid": "rsa-1"})
-        return JSONResponse({"access_token": token, "token_type": "Bearer", "expires_in": 300, "scope": scope})
+        return JSONResponse({"access_token": token, "token_type": "Bearer", "expires_in": self.token_lifetime,
+                             "scope": scope})
 
     async def _introspect(self, request: Request) -> Response:
         form = {name: str(value) for name, value in (await request.form()).items()}
