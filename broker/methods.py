@@ -37,7 +37,8 @@ from broker.protocol.versions import MODERN_VERSIONS, negotiate_legacy
 from broker.quotas import TenantQuotas
 from broker.resources.base import BadCursor, Resources
 from broker.upstreams.demand import Wants
-from broker.upstreams.service import LISTS, Upstreams
+from broker.upstreams.methods import ForwardedMethods
+from broker.upstreams.service import Upstreams
 from broker.uris import BadUri, check_uri
 
 __all__ = ["Call", "Methods"]
@@ -112,11 +113,9 @@ class Methods:
         self.upstreams = upstreams
         #: Records what listens watch of the upstreams (set by the runtime with ``upstreams``).
         self.wants: Wants | None = None
-        if upstreams is not None:
-            self._handlers.update({
-                "tools/list": self._tools_list, "prompts/list": self._prompts_list, "tools/call": self._tools_call,
-                "prompts/get": self._prompts_get, "completion/complete": self._complete,
-            })
+        self.forwarded = ForwardedMethods(upstreams) if upstreams is not None else None
+        if self.forwarded is not None:
+            self._handlers.update(self.forwarded.handlers())
         #: The methods served in each era: the broker's own, the upstreams', those of extensions (``extend``).
         self.legacy_methods: frozenset[str] = LEGACY_METHODS | (FORWARDED if upstreams is not None else frozenset())
         self.modern_methods: frozenset[str] = MODERN_METHODS | (FORWARDED if upstreams is not None else frozenset())
@@ -270,82 +269,16 @@ class Methods:
         cursor = params.get("cursor")
         if cursor is not None and not isinstance(cursor, str):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
-        if self.upstreams is not None and self.upstreams.of(call.principal.tenant):
+        if self.forwarded is not None and self.forwarded.upstreams.of(call.principal.tenant):
             # The broker's own templates on the first page, then the upstreams', page by page.
             own = [] if cursor is not None else self.resources.templates(call.principal)
-            listed = await self._list_of(call, params, "resources/templates/list")
+            listed = await self.forwarded.list_of(call, params, "resources/templates/list")
             listed["resourceTemplates"] = own + listed["resourceTemplates"]
             return listed
         if cursor is not None:
             # One page holds every template; only a cursor this listing never issues can arrive here.
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", {"cursor": cursor})
         return {"resourceTemplates": self.resources.templates(call.principal)}
-
-    # -- the upstreams' methods (``broker.upstreams``) -----------------------------------------------
-    async def _tools_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        return await self._list_of(call, params, "tools/list")
-
-    async def _prompts_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        return await self._list_of(call, params, "prompts/list")
-
-    async def _list_of(self, call: Call, params: dict[str, Any], method: str) -> dict[str, Any]:
-        """One page of ``method``'s list merged across the tenant's upstreams."""
-        assert self.upstreams is not None
-        cursor = params.get("cursor")
-        if cursor is not None and not isinstance(cursor, str):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.cursor must be a string")
-        items, following = await self.upstreams.list_page(call.principal, method, cursor, call.session)
-        result: dict[str, Any] = {LISTS[method]: items}
-        if following is not None:
-            result["nextCursor"] = following
-        return result
-
-    def _name_param(self, params: dict[str, Any]) -> str:
-        name = params.get("name")
-        if not isinstance(name, str) or not name:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "params.name must be a non-empty string")
-        return name
-
-    async def _named_call(self, call: Call, params: dict[str, Any], kind: str, method: str) -> dict[str, Any]:
-        """``tools/call`` or ``prompts/get``: forwarded to the upstream that serves the name, as its own name."""
-        assert self.upstreams is not None
-        name = self._name_param(params)
-        found = self.upstreams.named(call.principal.tenant, kind, name)
-        if found is None:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown {kind[:-1]}: {name}", {"name": name})
-        upstream, own = found
-        return await self.upstreams.forward(call.principal, upstream, method, {**params, "name": own},
-                                            session=call.session, request_id=call.request_id, progress=call.progress)
-
-    async def _tools_call(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        return await self._named_call(call, params, "tools", "tools/call")
-
-    async def _prompts_get(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        return await self._named_call(call, params, "prompts", "prompts/get")
-
-    async def _complete(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        """``completion/complete``: to the upstream of the prompt or the resource (template) it refers to."""
-        assert self.upstreams is not None
-        ref = params.get("ref")
-        if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, 'params.ref must be {"type": "ref/prompt", "name": …} or '
-                               '{"type": "ref/resource", "uri": …}')
-        tenant = call.principal.tenant
-        if ref["type"] == "ref/prompt":
-            name = ref.get("name")
-            found = self.upstreams.named(tenant, "prompts", name) if isinstance(name, str) else None
-            if found is None:
-                raise rpc.RpcError(rpc.INVALID_PARAMS, f"Unknown prompt: {name}", {"name": name})
-            upstream, own = found
-            params = {**params, "ref": {**ref, "name": own}}
-        else:
-            uri = ref.get("uri")
-            owner = self.upstreams.owner(tenant, uri) if isinstance(uri, str) else None
-            if owner is None:
-                return {"completion": {"values": [], "hasMore": False}}  # the broker's own complete nothing
-            upstream = owner
-        return await self.upstreams.forward(call.principal, upstream, "completion/complete", params,
-                                            session=call.session, request_id=call.request_id, progress=call.progress)
 
     async def _resources_read(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         uri = self.uri_param(params)

@@ -148,7 +148,7 @@ class McpEndpoint:
             return await self.post_modern(request, principal, obj)
         return await self.post_legacy(request, principal, obj)
 
-    async def post_legacy(self, request: Request, principal: Principal, obj: Any) -> Response:
+    async def post_legacy(self, request: Request, principal: Principal, obj: Any) -> Response | SSEResponse:
         if isinstance(obj, list):
             try:
                 self.dispatcher.check_batch(obj)  # before the session: a refused batch touches nothing

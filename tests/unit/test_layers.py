@@ -18,7 +18,7 @@ PACKAGES = ("broker", "workers")
 
 #: Modules every layer may use: pure domain rules and types, with no I/O of their own.
 BASE = {"broker", "broker.changes", "broker.config", "broker.errors", "broker.tenants", "broker.uris", "broker.metrics",
-        "broker.feeds", "broker.feeds.model"}
+        "broker.feeds", "broker.feeds.model", "broker.upstreams", "broker.upstreams.spec"}
 #: Each folder's layer. A module at the root of ``broker/`` outside ``BASE`` is core, and so is
 #: every folder not named here (``feeds``, ``delivery``, ``events``, ``auth``, ``sources``, ``resources``, ``ops``).
 FOLDERS = {"broker.protocol": "protocol", "broker.backends": "backends", "broker.transport": "transport",

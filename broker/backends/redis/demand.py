@@ -7,6 +7,7 @@ needed: each call touches one key, legal on Cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from broker.backends.redis.codec import as_text
 from broker.backends.redis.connection import Client, unavailable
@@ -31,7 +32,7 @@ class RedisDemand:
     async def wanted(self, key: str, limit: int) -> dict[str, float]:
         with unavailable("demand.wanted"):
             found = await self.redis.zrevrange(self.key(key), 0, limit - 1, withscores=True)
-        return {as_text(member): float(score) for member, score in found}
+        return {as_text(member): float(score) for member, score in cast("list[tuple[bytes, float]]", found)}
 
     async def drop(self, key: str, members: Sequence[str], before: float) -> None:
         if not members:

@@ -1,0 +1,242 @@
+"""MCP servers behind the broker (docs/UPSTREAMS.md): a real broker process in front of real upstreams
+built with the official SDK (``tests/upstream_server.py``), one speaking both eras and one of the
+2025 protocol only, driven by clients of both eras over HTTP.
+
+What a client would notice: the upstream's tools, prompts and resources served beside the broker's
+own, to the tenants it is mapped to alone; a tool call that changes a note reaching the note's
+subscribers; the upstream's progress reaching the caller; a slow or dead upstream named in the
+error with its gateway status, while the broker's own resources keep working; and the client's
+credential nowhere in what an upstream receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.integration import modern
+from tests.integration.mcp_http import McpSession
+from tests.support import ROOT, BrokerProcess, free_port, wait_until
+
+KEYS = {"k-acme": "acme/alice", "k-globex": "globex/bob", "k-initech": "initech/carol"}
+UPDATED = "notifications/resources/updated"
+
+
+class UpstreamProcess:
+    """``tests/upstream_server.py`` on a free loopback port."""
+
+    def __init__(self, *args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.upstream_server", "--port", str(self.port), *args],
+                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: httpx.get(self.url + "/healthz", timeout=1).status_code == 200, what="upstream start")
+
+    @classmethod
+    def on_port(cls, port: int, *args: str) -> UpstreamProcess:
+        """A new upstream where an earlier one was (a restart: everything it knew is gone)."""
+        return cls(*args, port=port)
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = httpx.get(self.url + "/stats", timeout=5).json()
+        return stats
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[dict[str, UpstreamProcess]]:
+    both, legacy = UpstreamProcess("--token", "broker-secret"), UpstreamProcess("--era", "legacy")
+    try:
+        yield {"notes": both, "old": legacy}
+    finally:
+        both.stop()
+        legacy.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(upstreams: dict[str, UpstreamProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    token = tmp_path_factory.mktemp("upstream-token") / "token"
+    token.write_text("broker-secret\n")
+    dead = free_port()  # nothing listens there
+    config = {
+        "notes": {"url": upstreams["notes"].url + "/mcp", "tenants": ["acme"], "timeout": 3, "caller": ["tenant"],
+                  "auth": {"type": "bearer", "token_file": str(token)}},
+        "old": {"url": upstreams["old"].url + "/mcp", "tenants": ["globex"], "prefixes": ["note://"],
+                "name_prefix": "old_"},
+        "dead": {"url": f"http://127.0.0.1:{dead}/mcp", "tenants": ["initech"], "prefixes": ["dead://"]},
+    }
+    env = {"MCP_BROKER_UPSTREAMS": json.dumps(config), "MCP_BROKER_API_KEYS": json.dumps(KEYS)}
+    with BrokerProcess(env=env) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def http(broker: BrokerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=broker.url, timeout=15) as client:
+        yield client
+
+
+async def rpc(http: httpx.AsyncClient, key: str, method: str, params: dict[str, Any] | None = None,
+              name: str | None = None) -> httpx.Response:
+    return await modern.call(http, method, params, name=name, auth=key)
+
+
+async def result(http: httpx.AsyncClient, key: str, method: str, params: dict[str, Any] | None = None,
+                 name: str | None = None) -> dict[str, Any]:
+    response = await rpc(http, key, method, params, name)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert "result" in body, body
+    return body["result"]  # type: ignore[no-any-return]
+
+
+def text_of(read: dict[str, Any]) -> str:
+    return str(read["contents"][0]["text"])
+
+
+async def test_a_modern_client_is_served_the_upstreams_tools_prompts_and_resources(http: httpx.AsyncClient) -> None:
+    discovered = await result(http, "k-acme", "server/discover")
+    assert {"tools", "prompts", "completions", "resources"} <= set(discovered["capabilities"])
+    tools = await result(http, "k-acme", "tools/list")
+    assert {tool["name"] for tool in tools["tools"]} == {"set_note", "slow", "echo_meta"}
+    called = await result(http, "k-acme", "tools/call", {"name": "set_note", "arguments": {"id": "m1", "text": "hi"}},
+                          name="set_note")
+    assert called["isError"] is False
+    assert text_of(await result(http, "k-acme", "resources/read", {"uri": "note://m1"}, name="note://m1")) == "hi"
+    listed = await result(http, "k-acme", "resources/list")
+    assert "note://m1" in {item["uri"] for item in listed["resources"]}
+    templates = await result(http, "k-acme", "resources/templates/list")
+    assert "note://{id}" in {item["uriTemplate"] for item in templates["resourceTemplates"]}
+    prompt = await result(http, "k-acme", "prompts/get", {"name": "greet", "arguments": {"name": "Ada"}}, name="greet")
+    assert "Ada" in json.dumps(prompt["messages"])
+    completed = await result(http, "k-acme", "completion/complete", {
+        "ref": {"type": "ref/prompt", "name": "greet"}, "argument": {"name": "name", "value": "Al"}})
+    assert set(completed["completion"]["values"]) == {"Alan", "Alonzo"}
+
+
+async def test_a_2025_client_reaches_a_2025_upstream_on_its_own_session_there(
+        http: httpx.AsyncClient, upstreams: dict[str, UpstreamProcess]) -> None:
+    session = await McpSession(http, auth="k-globex").initialize()
+    init = (await session.post({"jsonrpc": "2.0", "id": 99, "method": "ping"})).json()
+    assert init["result"] == {}
+    tools = await session.result("tools/list")
+    assert {tool["name"] for tool in tools["tools"]} == {"old_set_note", "old_slow", "old_echo_meta"}
+    before = len([r for r in upstreams["old"].stats()["requests"] if r.get("method") == "initialize"])
+    for text in ("first", "second"):
+        called = await session.result("tools/call", {"name": "old_set_note", "arguments": {"id": "g1", "text": text}})
+        assert called["isError"] is False
+    read = await session.result("resources/read", {"uri": "note://g1"})
+    assert text_of(read) == "second"
+    initializes = [r for r in upstreams["old"].stats()["requests"] if r.get("method") == "initialize"]
+    assert len(initializes) - before <= 1  # one session at the upstream for the client's, kept in its record
+
+
+async def test_a_subscriber_of_an_upstream_note_hears_a_tool_call_change_it(http: httpx.AsyncClient) -> None:
+    session = await McpSession(http, auth="k-acme").initialize()
+    await session.subscribe("note://s1")
+    async with session.stream() as stream:
+        called = await session.result("tools/call", {"name": "set_note", "arguments": {"id": "s1", "text": "new"}})
+        assert called["isError"] is False
+        while True:  # the watch taking the note on may say `updated` first (the gap rule): read until new
+            event = await stream.next_message(timeout=15)
+            assert event.method == UPDATED and event.uri == "note://s1", event.message
+            if text_of(await session.result("resources/read", {"uri": "note://s1"})) == "new":
+                break
+
+
+async def test_a_listen_on_an_upstream_note_hears_it_change(http: httpx.AsyncClient,
+                                                           upstreams: dict[str, UpstreamProcess]) -> None:
+    async with modern.listen(http, ["note://l1"], auth="k-acme") as stream:
+        ack = await stream.next()
+        assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged"
+        async with asyncio.timeout(15):
+            while "note://l1" not in upstreams["notes"].stats()["listening"]:
+                await asyncio.sleep(0.05)  # the one watch has taken the note on
+        await result(http, "k-acme", "tools/call", {"name": "set_note", "arguments": {"id": "l1", "text": "x"}},
+                     name="set_note")
+        while True:
+            note = await stream.next(timeout=15)
+            assert note is not None and note["method"] == UPDATED and note["params"]["uri"] == "note://l1"
+            if text_of(await result(http, "k-acme", "resources/read", {"uri": "note://l1"}, name="note://l1")) == "x":
+                break
+
+
+async def test_progress_of_a_forwarded_call_reaches_its_caller(http: httpx.AsyncClient) -> None:
+    body = modern.request("tools/call", {"name": "slow", "arguments": {"seconds": 0.5}})
+    body["params"]["_meta"]["progressToken"] = "p-1"
+    async with http.stream("POST", "/mcp", content=orjson.dumps(body),
+                           headers=modern.headers("tools/call", "slow", auth="k-acme")) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        stream = modern.ListenStream(response)
+        progress = []
+        while (message := await stream.next()) is not None and "method" in message:
+            assert message["method"] == "notifications/progress" and message["params"]["progressToken"] == "p-1"
+            progress.append(message["params"]["progress"])
+        assert message is not None and message["result"]["isError"] is False
+    assert progress and progress == sorted(progress)
+
+
+async def test_the_client_credential_never_reaches_an_upstream(http: httpx.AsyncClient,
+                                                                upstreams: dict[str, UpstreamProcess]) -> None:
+    await result(http, "k-acme", "tools/list")
+    session = await McpSession(http, auth="k-globex").initialize()
+    await session.result("tools/list")
+    for upstream in upstreams.values():
+        seen = json.dumps(upstream.stats()["requests"])
+        assert "k-acme" not in seen and "k-globex" not in seen
+    headers = [r["headers"] for r in upstreams["notes"].stats()["requests"] if r.get("method") == "tools/list"]
+    assert headers and all(h.get("authorization") == "Bearer broker-secret" for h in headers)
+
+
+async def test_the_caller_is_named_to_an_upstream_only_as_configured(http: httpx.AsyncClient) -> None:
+    body = modern.request("tools/call", {"name": "echo_meta", "arguments": {}})
+    body["params"]["_meta"]["mcp-broker/caller"] = {"tenant": "someone-else"}
+    response = await http.post("/mcp", content=orjson.dumps(body),
+                               headers=modern.headers("tools/call", "echo_meta", auth="k-acme"))
+    echoed = json.loads(response.json()["result"]["content"][0]["text"])
+    assert echoed["mcp-broker/caller"] == {"tenant": "acme"}
+
+
+async def test_a_tenant_sees_only_its_upstreams(http: httpx.AsyncClient) -> None:
+    assert (await result(http, "k-initech", "tools/list"))["tools"] == []
+    missing = await rpc(http, "k-initech", "tools/call", {"name": "set_note", "arguments": {}}, name="set_note")
+    assert missing.json()["error"]["code"] == -32602
+    unknown = await rpc(http, "k-initech", "resources/read", {"uri": "note://1"}, name="note://1")
+    assert unknown.json()["error"]["code"] == -32602  # not found: the note is acme's upstream's
+    listed = await result(http, "k-initech", "resources/list")
+    assert not any(item["uri"].startswith("note://") for item in listed["resources"])
+
+
+async def test_a_dead_upstream_is_a_502_naming_it_and_the_rest_keeps_working(http: httpx.AsyncClient) -> None:
+    response = await rpc(http, "k-initech", "resources/read", {"uri": "dead://1"}, name="dead://1")
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == -31004 and error["data"]["upstream"] == "dead" and "dead" in error["message"]
+    put = await http.put("/collections/notes/r1", json={"a": 1}, headers={"Authorization": "Bearer k-initech"})
+    assert put.status_code in (200, 201), put.text
+    own = await result(http, "k-initech", "resources/read", {"uri": "mcpb://initech/notes/r1"},
+                       name="mcpb://initech/notes/r1")
+    assert json.loads(text_of(own)) == {"a": 1}
+    assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_a_slow_upstream_is_a_504_and_the_call_is_cancelled_there(
+        http: httpx.AsyncClient, upstreams: dict[str, UpstreamProcess]) -> None:
+    response = await rpc(http, "k-acme", "tools/call", {"name": "slow", "arguments": {"seconds": 30}}, name="slow")
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["code"] == -31005 and error["data"]["upstream"] == "notes"
+    async with asyncio.timeout(10):
+        while not upstreams["notes"].stats()["cancelled"]:
+            await asyncio.sleep(0.05)
