@@ -190,6 +190,19 @@ CATALOG: Final[dict[str, Instrument]] = {
     "mcp_broker_backend_data_losses_total": Instrument(
         "counter", "Times this process found the backend's data lost (a new epoch: Redis restarted empty)"),
     "mcp_broker_sources_running": Instrument("gauge", "Change sources this process runs now", ("source",)),
+    "mcp_broker_upstream_requests_total": Instrument("counter", "Requests forwarded to an upstream, by method",
+                                                     ("upstream", "method")),
+    "mcp_broker_upstream_errors_total": Instrument(
+        "counter", "Forwarded requests that failed, by kind (rpc, unavailable, timeout, busy)", ("upstream", "kind")),
+    "mcp_broker_upstream_request_duration_seconds": Instrument(
+        "histogram", "Seconds a request forwarded to an upstream took, answered or not", ("upstream",)),
+    "mcp_broker_upstream_watched_uris": Instrument(
+        "gauge", "URIs of an upstream its one watch covers, on the worker holding it", ("upstream",)),
+    "mcp_broker_upstream_changes_total": Instrument(
+        "counter", "Resource updates received from an upstream's watch", ("upstream",)),
+    "mcp_broker_upstream_gaps_total": Instrument(
+        "counter", "Times an upstream's watch may have missed something and published the gap rule's updates",
+        ("upstream",)),
     "mcp_broker_sessions_open": Instrument(
         "gauge", "Live 2025 sessions of the deployment, as this worker last counted them"),
     "mcp_broker_feeds_open": Instrument(

@@ -26,7 +26,7 @@ from tests.integration import modern
 from tests.integration.mcp_http import McpSession
 from tests.support import ROOT, BrokerProcess, free_port, wait_until
 
-KEYS = {"k-acme": "acme/alice", "k-globex": "globex/bob", "k-initech": "initech/carol"}
+KEYS = {"k-acme": "acme/alice", "k-globex": "globex/bob", "k-initech": "initech/carol", "k-umbrella": "umbrella/dan"}
 UPDATED = "notifications/resources/updated"
 
 
@@ -132,14 +132,15 @@ async def test_a_2025_client_reaches_a_2025_upstream_on_its_own_session_there(
     assert init["result"] == {}
     tools = await session.result("tools/list")
     assert {tool["name"] for tool in tools["tools"]} == {"old_set_note", "old_slow", "old_echo_meta"}
-    before = len([r for r in upstreams["old"].stats()["requests"] if r.get("method") == "initialize"])
-    for text in ("first", "second"):
+    before = len(upstreams["old"].stats()["requests"])
+    for text in ("first", "second", "third"):
         called = await session.result("tools/call", {"name": "old_set_note", "arguments": {"id": "g1", "text": text}})
         assert called["isError"] is False
     read = await session.result("resources/read", {"uri": "note://g1"})
-    assert text_of(read) == "second"
-    initializes = [r for r in upstreams["old"].stats()["requests"] if r.get("method") == "initialize"]
-    assert len(initializes) - before <= 1  # one session at the upstream for the client's, kept in its record
+    assert text_of(read) == "third"
+    # The three calls went on one session at the upstream, the client's own, kept in its record.
+    calls = upstreams["old"].stats()["requests"][before:]
+    assert len({r["headers"].get("mcp-session-id") for r in calls if r["method"] == "POST"} - {None}) <= 2
 
 
 async def test_a_subscriber_of_an_upstream_note_hears_a_tool_call_change_it(http: httpx.AsyncClient) -> None:
@@ -195,7 +196,8 @@ async def test_the_client_credential_never_reaches_an_upstream(http: httpx.Async
     for upstream in upstreams.values():
         seen = json.dumps(upstream.stats()["requests"])
         assert "k-acme" not in seen and "k-globex" not in seen
-    headers = [r["headers"] for r in upstreams["notes"].stats()["requests"] if r.get("method") == "tools/list"]
+    headers = [r["headers"] for r in upstreams["notes"].stats()["requests"]
+               if r["headers"].get("mcp-method") == "tools/list"]
     assert headers and all(h.get("authorization") == "Bearer broker-secret" for h in headers)
 
 
@@ -209,13 +211,16 @@ async def test_the_caller_is_named_to_an_upstream_only_as_configured(http: httpx
 
 
 async def test_a_tenant_sees_only_its_upstreams(http: httpx.AsyncClient) -> None:
-    assert (await result(http, "k-initech", "tools/list"))["tools"] == []
-    missing = await rpc(http, "k-initech", "tools/call", {"name": "set_note", "arguments": {}}, name="set_note")
+    assert (await result(http, "k-umbrella", "tools/list"))["tools"] == []
+    assert (await result(http, "k-umbrella", "prompts/list"))["prompts"] == []
+    missing = await rpc(http, "k-umbrella", "tools/call", {"name": "set_note", "arguments": {}}, name="set_note")
     assert missing.json()["error"]["code"] == -32602
-    unknown = await rpc(http, "k-initech", "resources/read", {"uri": "note://1"}, name="note://1")
+    unknown = await rpc(http, "k-umbrella", "resources/read", {"uri": "note://1"}, name="note://1")
     assert unknown.json()["error"]["code"] == -32602  # not found: the note is acme's upstream's
-    listed = await result(http, "k-initech", "resources/list")
+    listed = await result(http, "k-umbrella", "resources/list")
     assert not any(item["uri"].startswith("note://") for item in listed["resources"])
+    discovered = await result(http, "k-umbrella", "server/discover")
+    assert "tools" not in discovered["capabilities"]
 
 
 async def test_a_dead_upstream_is_a_502_naming_it_and_the_rest_keeps_working(http: httpx.AsyncClient) -> None:
