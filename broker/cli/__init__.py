@@ -402,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MCP_BROKER_LOG_LEVEL"] = args.log_level
     if args.log_format is not None:
         os.environ["MCP_BROKER_LOG_FORMAT"] = args.log_format
-    problems = [] if args.command in _CLIENTS else _settings_problems()  # clients: no server settings
+    client = args.command in _CLIENTS or (args.command == "upstreams" and args.url is not None)
+    problems = [] if client else _settings_problems()  # clients: no server settings
     if not problems and args.command in ("serve", "stdio", "config"):  # the commands that load the providers
         from broker.config import Settings
 

@@ -94,6 +94,8 @@ def _url_without_password(text: str) -> str:
     # the address early for urlsplit and show the rest of the password as a fragment, query or path.
     scheme, _, rest = text.partition("://")
     userinfo, at, rest = rest.rpartition("@")
+    if not (at and ":" in userinfo) and not _SECRET_PARAMS.search(rest.partition("?")[2]):
+        return text  # nothing to hide: as written (rebuilt, "note://" would lose its empty host)
     if at and ":" in userinfo:
         userinfo = f"{userinfo.partition(':')[0]}:{MASK}"
     try:

@@ -121,7 +121,11 @@ class WatchSource:
         task: asyncio.Task[None] | None = None
         try:
             while True:
-                wanted = await self._wanted()
+                try:
+                    wanted = await self._wanted()
+                except BackendUnavailable:  # the watch goes on as it is; the lease says when to stop
+                    await asyncio.sleep(POLL)
+                    continue
                 if wanted and task is None:
                     self.watch = UpstreamWatch(self.upstream.client, self)
                     task = asyncio.create_task(self.watch.run(), name=f"upstream-watch-{self.upstream.name}")

@@ -128,8 +128,7 @@ async def gather_bounded(coros: list[Any], at_once: int = 50) -> list[Any]:
 async def test_a_thousand_clients_one_watch_and_everyone_hears_a_tool_call(
         upstream: UpstreamProcess, clients: contextlib.AsyncExitStack) -> None:
     uri = "note://crowd"
-    upstream_http = httpx.Client(base_url=upstream.url, timeout=5)
-    upstream_http.put("/notes/crowd", json={"text": "before"})
+    httpx.put(upstream.url + "/notes/crowd", json={"text": "before"}, timeout=5)
     with Deployment(env=upstreams_env(upstream)) as deployment:
         limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
         workers = [await clients.enter_async_context(httpx.AsyncClient(base_url=w.url, timeout=60, limits=limits))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -24,9 +25,10 @@ import pytest
 
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession
-from tests.support import ROOT, BrokerProcess, free_port, wait_until
+from tests.support import BIN, ROOT, BrokerProcess, free_port, wait_until
 
-KEYS = {"k-acme": "acme/alice", "k-globex": "globex/bob", "k-initech": "initech/carol", "k-umbrella": "umbrella/dan"}
+KEYS = {"k-acme": "acme/alice", "k-globex": "globex/bob", "k-initech": "initech/carol", "k-umbrella": "umbrella/dan",
+        "k-ops": "ops/eve"}
 UPDATED = "notifications/resources/updated"
 
 
@@ -76,7 +78,8 @@ def broker(upstreams: dict[str, UpstreamProcess], tmp_path_factory: pytest.TempP
                 "name_prefix": "old_"},
         "dead": {"url": f"http://127.0.0.1:{dead}/mcp", "tenants": ["initech"], "prefixes": ["dead://"]},
     }
-    env = {"MCP_BROKER_UPSTREAMS": json.dumps(config), "MCP_BROKER_API_KEYS": json.dumps(KEYS)}
+    env = {"MCP_BROKER_UPSTREAMS": json.dumps(config), "MCP_BROKER_API_KEYS": json.dumps(KEYS),
+           "MCP_BROKER_CONSOLE_TENANTS": '["ops"]'}
     with BrokerProcess(env=env) as proc:
         yield proc
 
@@ -245,3 +248,40 @@ async def test_a_slow_upstream_is_a_504_and_the_call_is_cancelled_there(
     async with asyncio.timeout(10):
         while not upstreams["notes"].stats()["cancelled"]:
             await asyncio.sleep(0.05)
+
+
+def test_a_bad_map_stops_the_broker_with_one_line() -> None:
+    bad = {"a": {"url": "http://x/mcp", "prefixes": ["note://"]}, "b": {"url": "http://y/mcp", "prefixes": ["note:"]}}
+    done = subprocess.run([str(BIN), "serve", "--port", str(free_port())], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MCP_BROKER_UPSTREAMS": json.dumps(bad)})
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "MCP_BROKER_UPSTREAMS: upstream 'b': its prefix 'note:' overlaps 'note://'" in line
+
+
+def test_mcp_broker_upstreams_shows_each_upstream_and_who_watches_it(
+        broker: BrokerProcess, upstreams: dict[str, UpstreamProcess]) -> None:
+    asked = subprocess.run([str(BIN), "upstreams", "--url", broker.url, "--key", "k-acme", "--json"],
+                           capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 2 and "console:read" in asked.stderr  # a tenant's key is no operator's
+    config = {"notes": {"url": upstreams["notes"].url + "/mcp", "auth": {"type": "bearer", "token_env": "NOTES"}},
+              "gone": {"url": f"http://127.0.0.1:{free_port()}/mcp", "prefixes": ["gone://"]}}
+    probed = subprocess.run([str(BIN), "upstreams"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MCP_BROKER_UPSTREAMS": json.dumps(config), "NOTES": "broker-secret"})
+    assert probed.returncode == 0, probed.stderr
+    rows = {line.split()[0]: line for line in probed.stdout.splitlines()[1:]}
+    assert "modern" in rows["notes"] and "ready" in rows["notes"] and "note://" in rows["notes"]
+    assert "unreachable" in rows["gone"]
+
+
+async def test_the_console_names_the_worker_holding_a_watch(http: httpx.AsyncClient, broker: BrokerProcess) -> None:
+    session = await McpSession(http, auth="k-acme").initialize()
+    await session.subscribe("note://console")
+    asked = await asyncio.to_thread(subprocess.run, [str(BIN), "upstreams", "--url", broker.url, "--json"],
+                                    capture_output=True, text=True, timeout=60,
+                                    env={**os.environ, "MCP_BROKER_KEY": "k-ops"})
+    assert asked.returncode == 0, asked.stderr
+    rows = {row["name"]: row for row in json.loads(asked.stdout)}
+    assert rows["notes"]["era"] == "modern" and rows["notes"]["state"] == "ready"
+    assert rows["notes"]["wanted"] >= 1 and rows["notes"]["watch_holder"].startswith("upstream-notes-")
+    assert rows["dead"]["state"] in ("unknown", "unreachable") and rows["dead"]["prefixes"] == ["dead://"]
