@@ -46,7 +46,8 @@ __all__ = ["Call", "Methods"]
 logger = logging.getLogger(__name__)
 
 #: Results of these methods carry the 2026-07-28 caching hints.
-_CACHEABLE: Final = frozenset({"server/discover", "resources/list", "resources/read", "resources/templates/list"})
+_CACHEABLE: Final = frozenset({"server/discover", "resources/list", "resources/read", "resources/templates/list",
+                               "tools/list", "prompts/list"})
 LEGACY_METHODS: Final = frozenset({
     "ping", "resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
     "resources/unsubscribe",

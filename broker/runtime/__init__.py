@@ -192,7 +192,7 @@ class Broker:
         if settings.upstreams:
             self.upstreams = Upstreams(settings.upstream_specs, self.server_info, metrics=metrics,
                                        sessions=backend.sessions)
-            self.resources.register(UpstreamProvider(self.upstreams))
+            self.resources.providers.append(UpstreamProvider(self.upstreams))  # listed after the broker's own
             self.wants = index.wants = Wants(self.upstreams, backend.demand)
         self.methods = Methods(settings, self.resources, index, self.server_info, self.quotas.quotas, metrics=metrics,
                                tracer=tracer, upstreams=self.upstreams)
@@ -292,7 +292,7 @@ class Broker:
                                                name="sessions-count"))
         self._tasks.append(asyncio.create_task(self.console.run(), name="console-card"))
         if self.upstreams is not None and self.wants is not None:
-            self.upstreams.start()  # probes them in the background: none delays the start
+            await self.upstreams.start()  # probes them; at most a few seconds for those whose prefixes are learnt
             self._tasks.append(asyncio.create_task(self.wants.run(self.listens), name="upstream-wants"))
         self.started = True
         for source in self._sources:

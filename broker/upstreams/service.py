@@ -64,6 +64,11 @@ LISTS: Final = {"tools/list": "tools", "prompts/list": "prompts", "resources/lis
                 "resources/templates/list": "resourceTemplates"}
 #: ``_meta`` keys of the protocol's envelope (2026-07-28): the client writes its own.
 _ENVELOPE: Final = "io.modelcontextprotocol/"
+#: What an upstream's answer says of itself and of its era, never passed on (``Upstreams.forward``).
+_UPSTREAM_FIELDS: Final = ("resultType", "ttlMs", "cacheScope")
+_SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
+#: Seconds the start waits for the upstreams whose prefixes are learnt to answer their first probe.
+LEARN_WAIT: Final = 5.0
 #: Seconds between two probes of an upstream that could not be reached.
 PROBE_PAUSE: Final = 5.0
 
@@ -100,6 +105,8 @@ class Upstream:
         self.error = ""
         #: Tool and prompt names it offers (without ``name_prefix``), as its lists were last seen.
         self.names: dict[str, set[str]] = {"tools": set(), "prompts": set()}
+        #: Set once the first probe answered or failed.
+        self.learnt = asyncio.Event()
         self._metrics = metrics
         self._requests: dict[str, Any] = {}
         self._errors: dict[str, Any] = {}
@@ -184,10 +191,15 @@ class Upstreams:
         return added
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Probe every upstream in the background: an upstream that cannot be reached delays nothing."""
+    async def start(self) -> None:
+        """Probe every upstream in the background. The start waits for the first answer of those whose
+        prefixes are to be learnt, for ``LEARN_WAIT`` seconds at most, so that their URIs are theirs from
+        the first request; an upstream that cannot be reached delays nothing longer."""
         self._probes = [asyncio.create_task(self._probe_until_known(upstream), name=f"upstream-probe-{upstream.name}")
                         for upstream in self.all]
+        learning = [upstream.learnt for upstream in self.all if upstream.spec.prefixes is None]
+        if learning:
+            await asyncio.wait([asyncio.ensure_future(event.wait()) for event in learning], timeout=LEARN_WAIT)
 
     async def close(self) -> None:
         for task in self._probes:
@@ -202,6 +214,7 @@ class Upstreams:
                 await self.probe(upstream)
                 return
             except UpstreamError as exc:
+                upstream.learnt.set()  # asked once: the start waits no longer
                 upstream.state, upstream.error = "unreachable", str(exc)
                 logger.warning("upstream %s (%s) cannot be reached: %s; asking again in %.0f s", upstream.name,
                                upstream.spec.target, exc, PROBE_PAUSE)
@@ -223,6 +236,7 @@ class Upstreams:
             upstream.prefixes = self._learnt(upstream, {p for uri in uris if isinstance(uri, str)
                                                         if (p := prefix_of(uri)) is not None})
         upstream.state, upstream.error = "ready", ""
+        upstream.learnt.set()
         self._check_names(upstream)
         logger.info("upstream %s (%s) ready: %s era, prefixes %s", upstream.name, upstream.spec.target,
                     upstream.client.era, ", ".join(upstream.prefixes) or "none")
@@ -383,6 +397,15 @@ class Upstreams:
         upstream.counted(method, None, began)
         if session is not None and used is not None and used != self._held(upstream, session):
             await self._keep(session, upstream, used)
+        # The answer is the broker's to its caller: its era's fields and its caching hints are the broker's
+        # (a list the upstream calls public is one tenant's here), and so is its server's name.
+        for key in _UPSTREAM_FIELDS:
+            result.pop(key, None)
+        meta = result.get("_meta")
+        if isinstance(meta, dict):
+            meta.pop(_SERVER_INFO, None)
+            if not meta:
+                del result["_meta"]
         return result
 
     @staticmethod

@@ -135,8 +135,9 @@ async def test_a_thousand_clients_one_watch_and_everyone_hears_a_tool_call(
                    for w in deployment.workers]
         proxied = await clients.enter_async_context(httpx.AsyncClient(base_url=deployment.url, timeout=60,
                                                                       limits=limits))
-        listeners = await gather_bounded([Listener(clients, workers[i % 3]).open(uri) for i in range(800)])
-        subscribers = await gather_bounded([Subscriber(clients, proxied).open(uri) for _ in range(200)])
+        streams = await clients.enter_async_context(contextlib.AsyncExitStack())
+        listeners = await gather_bounded([Listener(streams, workers[i % 3]).open(uri) for i in range(800)])
+        subscribers = await gather_bounded([Subscriber(streams, proxied).open(uri) for _ in range(200)])
         async with asyncio.timeout(30):
             while uri not in (stats := upstream.stats())["listening"]:
                 await asyncio.sleep(0.1)
@@ -151,6 +152,13 @@ async def test_a_thousand_clients_one_watch_and_everyone_hears_a_tool_call(
                               for client in [*listeners, *subscribers]])
         stats = upstream.stats()
         assert stats["listens"] == 1 and stats["get_streams"] == 0, stats  # still the one watch
+
+        # Everyone leaves (the sessions end): the watch closes after its grace, and the upstream's stream with it.
+        await streams.aclose()
+        await gather_bounded([proxied.delete("/mcp", headers=client.session.headers()) for client in subscribers])
+        async with asyncio.timeout(30):
+            while upstream.stats()["listens"]:
+                await asyncio.sleep(0.2)
 
 
 async def test_the_watch_moves_when_its_holder_dies_and_outlives_an_upstream_restart(

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
 
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession
@@ -285,3 +287,50 @@ async def test_the_console_names_the_worker_holding_a_watch(http: httpx.AsyncCli
     assert rows["notes"]["era"] == "modern" and rows["notes"]["state"] == "ready"
     assert rows["notes"]["wanted"] >= 1 and rows["notes"]["watch_holder"].startswith("upstream-notes-")
     assert rows["dead"]["state"] in ("unknown", "unreachable") and rows["dead"]["prefixes"] == ["dead://"]
+
+
+async def test_the_sdk_client_over_stdio_calls_the_upstreams_tools_with_progress(
+        upstreams: dict[str, UpstreamProcess]) -> None:
+    config = {"notes": {"url": upstreams["notes"].url + "/mcp", "auth": {"type": "bearer", "token_env": "NOTES"}}}
+    params = StdioServerParameters(command=str(BIN), args=["--log-level", "warning", "stdio"],
+                                   env={"MCP_BROKER_UPSTREAMS": json.dumps(config), "NOTES": "broker-secret"})
+    for mode in ("legacy", "2026-07-28"):
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async with Client(params, mode=mode, read_timeout_seconds=15) as client:
+            assert {tool.name for tool in (await client.list_tools()).tools} == {"set_note", "slow", "echo_meta"}
+            done = await client.call_tool("set_note", {"id": "stdio", "text": mode})
+            assert not done.is_error
+            read = await client.read_resource("note://stdio")
+            assert read.contents[0].text == mode  # type: ignore[union-attr]
+            slow = await client.call_tool("slow", {"seconds": 0.3}, progress_callback=on_progress)
+            assert not slow.is_error and progress and progress == sorted(progress), (mode, progress)
+
+
+async def test_a_merged_list_pages_through_the_brokers_own_then_the_upstreams(
+        upstreams: dict[str, UpstreamProcess]) -> None:
+    config = {"notes": {"url": upstreams["notes"].url + "/mcp", "auth": {"type": "bearer", "token_env": "NOTES"}}}
+    env = {"MCP_BROKER_UPSTREAMS": json.dumps(config), "NOTES": "broker-secret", "MCP_BROKER_PAGE_SIZE": "2"}
+    with BrokerProcess(env=env) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=15) as client:
+            for index in range(3):
+                assert (await client.put(f"/collections/paged/r{index}", json={"i": index})).status_code == 201
+            seen: list[str] = []
+            cursor: str | None = None
+            for _ in range(20):
+                body = await modern.call(client, "resources/list", {} if cursor is None else {"cursor": cursor})
+                page = body.json()["result"]
+                seen += [item["uri"] for item in page["resources"]]
+                cursor = page.get("nextCursor")
+                if cursor is None:
+                    break
+            upstream_notes = {f"note://{key}" for key in upstreams["notes"].stats()["notes"]}
+            assert len(seen) == len(set(seen))
+            assert {f"mcpb://default/paged/r{index}" for index in range(3)} | upstream_notes <= set(seen)
+            own = [i for i, uri in enumerate(seen) if uri.startswith("mcpb://")]
+            assert max(own) < min(i for i, uri in enumerate(seen) if uri.startswith("note://"))
+            metrics = (await client.get("/metrics")).text
+            assert 'mcp_broker_upstream_requests_total{method="resources/list",upstream="notes"}' in metrics
