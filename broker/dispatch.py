@@ -124,10 +124,9 @@ class Dispatcher:
         """
         if msg.method == "notifications/initialized" and call.session is not None:
             await self.feeds.initialized(call.session.id)
-        elif msg.method == "notifications/cancelled" and call.session is not None and call.session.upstreams:
-            upstreams = self.methods.upstreams
-            if upstreams is not None:  # a forwarded request, perhaps running on another worker
-                await upstreams.cancelled(call.session, msg.params)
+        elif msg.method == "notifications/cancelled" and call.session is not None and self.methods.upstreams:
+            # A forwarded request, running here or on another worker: ended here, told to its upstream.
+            await self.methods.upstreams.cancelled(call.session, msg.params)
 
     async def request(self, call: Call, msg: Message, *, whole: bool = False) -> bytes:
         """One request's reply: its result, or the error a method raised (see ``legacy`` for ``whole``).

@@ -67,6 +67,8 @@ _ENVELOPE: Final = "io.modelcontextprotocol/"
 #: What an upstream's answer says of itself and of its era, never passed on (``Upstreams.forward``).
 _UPSTREAM_FIELDS: Final = ("resultType", "ttlMs", "cacheScope")
 _SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
+#: The error of a request its client cancelled (the official SDKs' code for it).
+REQUEST_CANCELLED: Final = -32800
 #: Seconds the start waits for the upstreams whose prefixes are learnt to answer their first probe.
 LEARN_WAIT: Final = 5.0
 #: Seconds between two probes of an upstream that could not be reached.
@@ -162,6 +164,10 @@ class Upstreams:
             for tenant in upstream.spec.tenants:
                 self._tenants.setdefault(tenant, []).append(upstream)
         self._probes: list[asyncio.Task[None]] = []
+        #: The forwarded requests of 2025 sessions running on this worker, by (session, request id),
+        #: and those of them their client cancelled.
+        self._running: dict[tuple[str, rpc.Id], asyncio.Task[Any]] = {}
+        self._cancelled: set[tuple[str, rpc.Id]] = set()
         self._warned: set[tuple[str, str, str]] = set()
 
     # -- who sees what ----------------------------------------------------------------------
@@ -379,6 +385,10 @@ class Upstreams:
         """
         began = time.perf_counter()
         outgoing = self._outgoing(principal, upstream, params)
+        running = (session.id, request_id) if session is not None and request_id is not None else None
+        task = asyncio.current_task()
+        if running is not None and task is not None:
+            self._running[running] = task  # its client's cancel, taken by this worker, ends it here too
         try:
             if upstream.client.era is None:
                 await upstream.client.probe()
@@ -394,6 +404,18 @@ class Upstreams:
                 else "unavailable"
             upstream.counted(method, kind, began)
             raise self._refused(upstream, exc) from exc
+        except asyncio.CancelledError:
+            if running is None or running not in self._cancelled or task is None:
+                raise
+            # Cancelled by its client: the upstream was told (``cancelled``); the POST that carried the
+            # request still gets an answer, the error the SDKs give a cancelled request.
+            task.uncancel()
+            upstream.counted(method, "cancelled", began)
+            raise rpc.RpcError(REQUEST_CANCELLED, "Request cancelled", {"upstream": upstream.name}) from None
+        finally:
+            if running is not None:
+                self._running.pop(running, None)
+                self._cancelled.discard(running)
         upstream.counted(method, None, began)
         if session is not None and used is not None and used != self._held(upstream, session):
             await self._keep(session, upstream, used)
@@ -451,7 +473,13 @@ class Upstreams:
 
     async def cancelled(self, session: SessionRecord, params: dict[str, Any]) -> None:
         """A 2025 client's ``notifications/cancelled``: passed on to each of its upstream sessions
-        (an upstream ignores an id it does not know, as the specification says)."""
+        (an upstream ignores an id it does not know, as the specification says), and the forwarded
+        request it names ended here when this worker runs it."""
+        request_id = params.get("requestId")
+        key = (session.id, request_id) if isinstance(request_id, str | int) else None
+        if key is not None and (task := self._running.get(key)) is not None:
+            self._cancelled.add(key)
+            task.cancel()
         for name, (session_id, version) in session.upstreams.items():
             upstream = self.by_name.get(name)
             if upstream is None:

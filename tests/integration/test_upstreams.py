@@ -334,3 +334,25 @@ async def test_a_merged_list_pages_through_the_brokers_own_then_the_upstreams(
             assert max(own) < min(i for i, uri in enumerate(seen) if uri.startswith("note://"))
             metrics = (await client.get("/metrics")).text
             assert 'mcp_broker_upstream_requests_total{method="resources/list",upstream="notes"}' in metrics
+
+
+async def test_a_2025_clients_cancel_ends_its_forwarded_call_and_reaches_the_upstream(
+        http: httpx.AsyncClient, upstreams: dict[str, UpstreamProcess]) -> None:
+    session = await McpSession(http, auth="k-acme").initialize()
+    def slow_calls() -> int:
+        return sum(r["headers"].get("mcp-name") == "slow" for r in upstreams["notes"].stats()["requests"])
+
+    before, calls = len(upstreams["notes"].stats()["cancelled"]), slow_calls()
+    body = {"jsonrpc": "2.0", "id": "long-1", "method": "tools/call",
+            "params": {"name": "slow", "arguments": {"seconds": 30}}}
+    call = asyncio.create_task(session.post(body))
+    async with asyncio.timeout(10):  # the call reached the upstream
+        while slow_calls() == calls:
+            await asyncio.sleep(0.05)
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "long-1"}}
+    assert (await session.post(cancel)).status_code == 202
+    answer = (await asyncio.wait_for(call, 10)).json()
+    assert answer["id"] == "long-1" and answer["error"]["code"] == -32800
+    async with asyncio.timeout(10):
+        while len(upstreams["notes"].stats()["cancelled"]) == before:
+            await asyncio.sleep(0.05)
