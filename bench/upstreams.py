@@ -45,12 +45,31 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+class Counter:
+    """Notifications heard by all listeners; ``reached`` is set once there are ``target`` of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.target = 0
+        self.reached = asyncio.Event()
+
+    def one(self) -> None:
+        self.count += 1
+        if self.count >= self.target:
+            self.reached.set()
+
+    def expect(self, target: int) -> None:
+        self.count, self.target = 0, target
+        self.reached.clear()
+
+
 class Listener:
     """One 2026-07-28 listen on ``NOTE``, recording when each notification arrived."""
 
-    def __init__(self, http: httpx.AsyncClient, index: int) -> None:
+    def __init__(self, http: httpx.AsyncClient, index: int, heard: Counter) -> None:
         self.http = http
         self.index = index
+        self.heard = heard
         self.arrivals: list[float] = []
         self.acked = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -69,13 +88,15 @@ class Listener:
                     self.acked.set()
                 elif message.get("method") == UPDATED:
                     self.arrivals.append(time.perf_counter())
+                    self.heard.one()
 
 
 async def measure(url: str, upstream: str, upstream_pid: int, clients: int, changes: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=10)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http, \
             httpx.AsyncClient(base_url=upstream, timeout=10) as side:
-        listeners = [Listener(http, i) for i in range(clients)]
+        heard = Counter()
+        listeners = [Listener(http, i, heard) for i in range(clients)]
         for listener in listeners:
             listener.task = asyncio.create_task(listener.run())
         await asyncio.wait_for(asyncio.gather(*(listener.acked.wait() for listener in listeners)), 120)
@@ -89,13 +110,10 @@ async def measure(url: str, upstream: str, upstream_pid: int, clients: int, chan
             listener.arrivals.clear()
         latencies: list[float] = []
         for change in range(changes):
+            heard.expect(clients)
             sent = time.perf_counter()
             await side.put(f"/notes/{NOTE.removeprefix('note://')}", json={"text": str(change)})
-            deadline = time.monotonic() + 30
-            while any(len(listener.arrivals) <= change for listener in listeners):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"change {change} did not reach every client")
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(heard.reached.wait(), 30)
             latencies += [listener.arrivals[change] - sent for listener in listeners]
         stats = (await side.get("/stats")).json()
         held = {"listens": stats["listens"], "rss_kib": rss_kib(upstream_pid)}

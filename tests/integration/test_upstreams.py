@@ -297,7 +297,8 @@ async def test_the_sdk_client_over_stdio_calls_the_upstreams_tools_with_progress
     for mode in ("legacy", "2026-07-28"):
         progress: list[float] = []
 
-        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        async def on_progress(value: float, total: float | None, message: str | None,
+                              progress: list[float] = progress) -> None:
             progress.append(value)
 
         async with Client(params, mode=mode, read_timeout_seconds=15) as client:
