@@ -357,3 +357,21 @@ async def test_a_2025_clients_cancel_ends_its_forwarded_call_and_reaches_the_ups
     async with asyncio.timeout(10):
         while len(upstreams["notes"].stats()["cancelled"]) == before:
             await asyncio.sleep(0.05)
+
+
+async def test_an_upstream_that_forgot_the_clients_session_gets_a_new_one_unseen() -> None:
+    upstream = UpstreamProcess("--era", "legacy")
+    try:
+        config = {"old": {"url": upstream.url + "/mcp", "prefixes": ["note://"]}}
+        with BrokerProcess(env={"MCP_BROKER_UPSTREAMS": json.dumps(config)}) as proc:
+            async with httpx.AsyncClient(base_url=proc.url, timeout=15) as client:
+                session = await McpSession(client).initialize()
+                first = await session.result("tools/call", {"name": "set_note", "arguments": {"id": "f", "text": "1"}})
+                assert first["isError"] is False
+                upstream.stop()  # it restarts knowing no session
+                upstream = UpstreamProcess.on_port(upstream.port, "--era", "legacy")
+                again = await session.result("tools/call", {"name": "set_note", "arguments": {"id": "f", "text": "2"}})
+                assert again["isError"] is False
+                assert text_of(await session.result("resources/read", {"uri": "note://f"})) == "2"
+    finally:
+        upstream.stop()
