@@ -67,7 +67,7 @@ def test_the_cli_creates_lists_and_revokes_keys_and_never_shows_a_secret_again(e
     assert len(listed) == 1
     view = listed[0]
     assert view["subject"] == "alice" and view["state"] == "active"
-    assert view["scopes"] == ["resources:read", "resources:subscribe", "records:write", "changes:publish"]
+    assert view["scopes"] == ["resources:read", "resources:subscribe", "records:write", "changes:publish", "tools:call"]
     assert 12 * 3600 - 60 < view["expires_at"] - view["created_at"] <= 12 * 3600
     table = keys_cli(env, "list")
     assert table.returncode == 0 and view["id"] in table.stdout and tenant in table.stdout

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprec
 TIMEOUT = 10.0
 #: Seconds of clock skew the broker allows: a token is accepted, and its streams last, until exp plus this.
 LEEWAY = 2
-SCOPES = ["resources:read", "resources:subscribe", "records:write", "changes:publish", "keys:admin"]
+SCOPES = ["resources:read", "resources:subscribe", "records:write", "changes:publish", "tools:call", "keys:admin"]
 
 
 def oauth_env(issuer: str, audience: str, **extra: str) -> dict[str, str]:
