@@ -434,18 +434,25 @@ class Settings(BaseSettings):
 
     @field_validator("upstreams", mode="before")
     @classmethod
-    def _valid_upstreams(cls, value: Any) -> Any:
+    def _upstreams_object(cls, value: Any) -> Any:
         from broker.upstreams.spec import parse_upstreams  # the one reader of the map; small, no I/O
 
-        parse_upstreams(value)  # UpstreamsError (a ValueError): one line naming the setting
+        if not isinstance(value, dict):
+            parse_upstreams(value)  # UpstreamsError (a ValueError): one line naming the setting
         return value
+
+    @model_validator(mode="after")
+    def _valid_upstreams(self) -> Settings:
+        self.upstream_specs  # noqa: B018 -- read once here: a bad map stops the start with one line
+        return self
 
     @property
     def upstream_specs(self) -> tuple[UpstreamSpec, ...]:
-        """The upstreams of ``upstreams``, read (``broker.upstreams.spec.parse_upstreams``)."""
+        """The upstreams of ``upstreams``, read (``broker.upstreams.spec.parse_upstreams``); an upstream
+        without ``tenants`` is the default tenant's."""
         from broker.upstreams.spec import parse_upstreams
 
-        return parse_upstreams(self.upstreams)
+        return parse_upstreams(self.upstreams, self.default_tenant)
 
     @field_validator("providers")
     @classmethod

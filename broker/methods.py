@@ -250,7 +250,8 @@ class Methods:
             "capabilities": {**self.capabilities(call.principal.tenant), "extensions": dict(self.extensions)},
             "instructions": self.settings.instructions,
             "ttlMs": 300_000,
-            "cacheScope": "public",
+            # With upstreams its capabilities are the caller's tenant's: not one answer for everyone.
+            "cacheScope": "public" if self.upstreams is None else "private",
         }
 
     async def _resources_list(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:

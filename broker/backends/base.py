@@ -289,8 +289,9 @@ class Demand(Protocol):
     deadline its wanters keep pushing back. A member stays past its deadline until ``drop``: the one
     reading it (``broker.upstreams.demand``) decides whether it is still wanted."""
 
-    async def want(self, key: str, members: Sequence[str], until: float) -> None:
-        """Want ``members`` until ``until`` (Unix seconds) at least: a later deadline already set stays."""
+    async def want(self, key: str, members: Sequence[str], until: float, most: int) -> list[str]:
+        """Want ``members`` until ``until`` (Unix seconds) at least: a later deadline already set stays.
+        A member not yet wanted is taken only while fewer than ``most`` are; those refused are returned."""
 
     async def wanted(self, key: str, limit: int) -> dict[str, float]:
         """The members wanted, each with its deadline (at most ``limit``: the latest deadlines)."""

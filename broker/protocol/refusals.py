@@ -49,6 +49,8 @@ class Reason(StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"
     #: An upstream has its ``concurrency`` requests in flight from this worker.
     UPSTREAM_BUSY = "upstream_busy"
+    #: An upstream's one watch covers its ``max_watches`` URIs: no more can be subscribed.
+    WATCHES = "watches"
 
 
 class Refused(Protocol):
@@ -89,6 +91,7 @@ SPELLING: Final[dict[Reason, Spelling]] = {
     Reason.UPSTREAM_UNREACHABLE: Spelling(rpc.UPSTREAM_UNREACHABLE, "Bad gateway: {message}"),
     Reason.UPSTREAM_TIMEOUT: Spelling(rpc.UPSTREAM_TIMEOUT, "Gateway timeout: {message}"),
     Reason.UPSTREAM_BUSY: Spelling(rpc.SERVICE_UNAVAILABLE, "Service unavailable: {message}"),
+    Reason.WATCHES: Spelling(rpc.INVALID_PARAMS, "Subscription limit reached: {message}"),
 }
 
 

@@ -123,11 +123,11 @@ class CountedSubscriptions:
         self.wants: Wants | None = None
 
     async def add(self, session_id: str, tenant: str, uri: str, limit: int = 0) -> int:
+        if self.wants is not None:  # first: past an upstream's max_watches, nothing is subscribed
+            await self.wants.want(tenant, (uri,))
         count = await self.index.add(session_id, tenant, uri, limit)
         if count:
             self._made.inc(tenant)
-        if self.wants is not None:
-            await self.wants.want(tenant, (uri,))
         return count
 
     async def remove(self, session_id: str, tenant: str, uri: str) -> None:

@@ -74,10 +74,11 @@ REST_STATUS: Final[dict[Reason, int]] = {
     Reason.LISTENS: 503,
     Reason.SUBSCRIPTIONS: 429,
     Reason.WEBHOOKS: 429,
-    Reason.RECORDS: 507,
+    Reason.RECORDS: 507,  # the tenant's records: nothing was written
     Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
-    Reason.UPSTREAM_BUSY: 503,  # the tenant's records: nothing was written
+    Reason.UPSTREAM_BUSY: 503,
+    Reason.WATCHES: 429,
 }
 #: The REST ``detail`` of a reason whose message is not for clients (an outage's names the backend call).
 REST_TEXT: Final[dict[Reason, str]] = {Reason.UNAVAILABLE: "backend unavailable"}

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Final
 
 from broker.backends.base import Demand, SubscriptionIndex
 from broker.changes import ChangeKind
-from broker.errors import BackendUnavailable, PublishRefused, raise_if_cancelled
+from broker.errors import BackendUnavailable, LimitExceeded, PublishRefused, raise_if_cancelled
 from broker.leasing import stop_task
 from broker.metrics import NO_METRICS, Metrics
+from broker.protocol.refusals import Reason
 from broker.publisher import Publisher
 from broker.upstreams.service import Upstream, Upstreams
 from broker.upstreams.watch import UpstreamWatch
@@ -64,7 +65,13 @@ class Wants:
         self.demand = demand
 
     async def want(self, tenant: str, uris: Sequence[str]) -> None:
-        """Record that ``tenant`` watches ``uris`` (those an upstream of its owns; the rest are not upstreams')."""
+        """Record that ``tenant`` watches ``uris`` (those an upstream of its owns; the rest are not upstreams').
+
+        Raises:
+            LimitExceeded: the upstream's watch covers its ``max_watches`` URIs already (the URIs it
+                took are wanted until their deadline, and dropped then if nobody subscribes to them).
+            BackendUnavailable: not recorded.
+        """
         per: dict[str, list[str]] = {}
         for uri in uris:
             upstream = self.upstreams.owner(tenant, uri)
@@ -72,7 +79,12 @@ class Wants:
                 per.setdefault(upstream.name, []).append(uri)
         now = time.time()
         for name, owned in per.items():
-            await self.demand.want(name, owned, now + _grace(self.upstreams.by_name[name]))
+            upstream = self.upstreams.by_name[name]
+            most = upstream.spec.max_watches
+            if await self.demand.want(name, owned, now + _grace(upstream), most):
+                raise LimitExceeded(f"upstream {name!r} is watched for {most} URIs at most (its max_watches); "
+                                    "unsubscribe one of its URIs first", reason=Reason.WATCHES,
+                                    data={"upstream": name, "limit": most})
 
     async def refresh(self, listens: ListenIndex) -> None:
         """Push back the deadlines of what this worker's open listens watch."""
@@ -82,7 +94,10 @@ class Wants:
             if upstream is not None:
                 per.setdefault(tenant, []).append(uri)
         for tenant, uris in per.items():
-            await self.want(tenant, uris)
+            try:
+                await self.want(tenant, uris)
+            except LimitExceeded as exc:  # only a listen whose entry lapsed meanwhile can meet it
+                logger.warning("a listen's upstream URIs are not all watched: %s", exc)
 
     async def run(self, listens: ListenIndex) -> None:
         """``refresh`` every third of the shortest grace, until cancelled."""
@@ -159,8 +174,8 @@ class WatchSource:
             for tenant in spec.tenants:
                 subscribed = await self.subscriptions.subscribers(tenant, due)
                 kept |= {uri for uri, sessions in subscribed.items() if sessions}
-            if kept:
-                await self.demand.want(self.upstream.name, sorted(kept), now + _grace(self.upstream))
+            if kept:  # all already wanted: pushed back, never refused
+                await self.demand.want(self.upstream.name, sorted(kept), now + _grace(self.upstream), spec.max_watches)
             gone = [uri for uri in due if uri not in kept]
             await self.demand.drop(self.upstream.name, gone, now)
             for uri in gone:
@@ -195,5 +210,7 @@ class WatchSource:
                         await self.publisher.publish_items(tenant, items[start:start + 100],
                                                            source=f"upstream:{self.upstream.name}")
                         break
-                    except PublishRefused as exc:  # a full backlog: wait for fan-out, never drop
+                    except (PublishRefused, BackendUnavailable) as exc:
+                        # A full backlog or an outage: the watch waits (and the upstream's stream with it)
+                        # rather than drop a change; the lease says when this worker must stop.
                         await asyncio.sleep(exc.retry_after or 1)

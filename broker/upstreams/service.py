@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from broker.auth import Principal
-from broker.errors import NotFound, Refusal
+from broker.errors import BackendUnavailable, NotFound, Refusal, raise_if_cancelled
 from broker.metrics import NO_METRICS, Metrics
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.refusals import Reason
@@ -69,6 +69,8 @@ _UPSTREAM_FIELDS: Final = ("resultType", "ttlMs", "cacheScope")
 _SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
 #: The error of a request its client cancelled (the official SDKs' code for it).
 REQUEST_CANCELLED: Final = -32800
+#: Seconds a client's cancel may take to reach one upstream.
+CANCEL_WAIT: Final = 2.0
 #: Seconds the start waits for the upstreams whose prefixes are learnt to answer their first probe.
 LEARN_WAIT: Final = 5.0
 #: Seconds between two probes of an upstream that could not be reached.
@@ -92,6 +94,54 @@ def prefix_of(uri: str) -> str | None:
     return f"{scheme}://" if rest.startswith("//") else f"{scheme}:"
 
 
+#: JSON-RPC codes that mean something of the broker itself (its statuses, its scopes, its bounds): an
+#: upstream answering one is not passed on as it is, but as the upstream's error (-31004, 502).
+_BROKERS_CODES: Final = frozenset({
+    rpc.PARSE_ERROR, rpc.INVALID_REQUEST, rpc.HEADER_MISMATCH, rpc.MISSING_CLIENT_CAPABILITY,
+    rpc.UNSUPPORTED_PROTOCOL_VERSION, rpc.INSUFFICIENT_SCOPE, rpc.SERVICE_UNAVAILABLE, rpc.QUOTA_EXCEEDED,
+    rpc.NOT_RUN_RESPONSE_TOO_LARGE, rpc.UPSTREAM_UNREACHABLE, rpc.UPSTREAM_TIMEOUT, rpc.EVENTS_NOT_FOUND,
+    rpc.EVENTS_FORBIDDEN, rpc.EVENTS_EXHAUSTED, rpc.EVENTS_UNSUPPORTED, rpc.EVENTS_CALLBACK_ERROR,
+})
+
+
+def _passed_on(upstream: Upstream, exc: UpstreamRpcError) -> rpc.RpcError | UpstreamRefused:
+    """The upstream's own error for a request, as its caller gets it."""
+    data = exc.data if isinstance(exc.data, dict) else None
+    if exc.code in _BROKERS_CODES:
+        return UpstreamRefused(upstream.name, Reason.UPSTREAM_UNREACHABLE,
+                               f"upstream {upstream.name!r} answered error {exc.code}: {str(exc.message)[:200]}")
+    return rpc.RpcError(exc.code, str(exc.message), data)
+
+
+def _progress_of(params: dict[str, Any], progress: Callable[[dict[str, Any]], Awaitable[None]],
+                 ) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """The upstream's notifications about a request that its caller may be given: its progress, for the
+    token the caller gave, and nothing else."""
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+
+    async def passed(note: dict[str, Any]) -> None:
+        note_params = note.get("params")
+        if (token is not None and note.get("method") == "notifications/progress" and isinstance(note_params, dict)
+                and note_params.get("progressToken") == token):
+            await progress({"jsonrpc": "2.0", "method": "notifications/progress", "params": note_params})
+
+    return passed
+
+
+def _answer(result: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's result as the broker's own to its caller: its era's fields and caching hints are the
+    broker's (a list the upstream calls public is one tenant's here), and so is its server's name."""
+    for key in _UPSTREAM_FIELDS:
+        result.pop(key, None)
+    meta = result.get("_meta")
+    if isinstance(meta, dict):
+        meta.pop(_SERVER_INFO, None)
+    if not isinstance(meta, dict) or not meta:
+        result.pop("_meta", None)
+    return result
+
+
 class Upstream:
     """One upstream, as this worker knows it."""
 
@@ -109,6 +159,8 @@ class Upstream:
         self.names: dict[str, set[str]] = {"tools": set(), "prompts": set()}
         #: Set once the first probe answered or failed.
         self.learnt = asyncio.Event()
+        #: The prefixes its listings showed (when the map leaves them out); ``prefixes`` is what it keeps of them.
+        self.found: set[str] = set()
         self._metrics = metrics
         self._requests: dict[str, Any] = {}
         self._errors: dict[str, Any] = {}
@@ -169,6 +221,7 @@ class Upstreams:
         self._running: dict[tuple[str, rpc.Id], asyncio.Task[Any]] = {}
         self._cancelled: set[tuple[str, rpc.Id]] = set()
         self._warned: set[tuple[str, str, str]] = set()
+        self._warned_prefixes: set[tuple[str, str]] = set()
 
     # -- who sees what ----------------------------------------------------------------------
     def of(self, tenant: str) -> list[Upstream]:
@@ -219,9 +272,12 @@ class Upstreams:
             try:
                 await self.probe(upstream)
                 return
-            except UpstreamError as exc:
+            except Exception as exc:  # the probe's boundary: an answer that is not what MCP says is logged, asked again
+                raise_if_cancelled()
                 upstream.learnt.set()  # asked once: the start waits no longer
-                upstream.state, upstream.error = "unreachable", str(exc)
+                upstream.state, upstream.error = "unreachable", str(exc) or type(exc).__name__
+                if not isinstance(exc, UpstreamError):
+                    logger.exception("upstream %s: its answers to the probe could not be read", upstream.name)
                 logger.warning("upstream %s (%s) cannot be reached: %s; asking again in %.0f s", upstream.name,
                                upstream.spec.target, exc, PROBE_PAUSE)
             await asyncio.sleep(PROBE_PAUSE)
@@ -237,30 +293,37 @@ class Upstreams:
                 upstream.names[kind] = {item["name"] for item in await self._all(upstream, method)
                                         if isinstance(item, dict) and isinstance(item.get("name"), str)}
         if upstream.spec.prefixes is None and "resources" in upstream.capabilities:
-            uris = [item.get("uri") for item in await self._all(upstream, "resources/list")]
-            uris += [item.get("uriTemplate") for item in await self._all(upstream, "resources/templates/list")]
-            upstream.prefixes = self._learnt(upstream, {p for uri in uris if isinstance(uri, str)
-                                                        if (p := prefix_of(uri)) is not None})
+            uris = [item.get("uri") for item in await self._all(upstream, "resources/list") if isinstance(item, dict)]
+            uris += [item.get("uriTemplate") for item in await self._all(upstream, "resources/templates/list")
+                     if isinstance(item, dict)]
+            upstream.found = {p for uri in uris if isinstance(uri, str) if (p := prefix_of(uri)) is not None}
+            self._settle_prefixes()
         upstream.state, upstream.error = "ready", ""
         upstream.learnt.set()
         self._check_names(upstream)
         logger.info("upstream %s (%s) ready: %s era, prefixes %s", upstream.name, upstream.spec.target,
                     upstream.client.era, ", ".join(upstream.prefixes) or "none")
 
-    def _learnt(self, upstream: Upstream, prefixes: set[str]) -> tuple[str, ...]:
-        """Learnt prefixes, less those another upstream of a shared tenant already owns (logged)."""
-        kept: list[str] = []
-        for prefix in sorted(prefixes):
-            rival = next((other for other in self.all if other is not upstream
-                          and set(other.spec.tenants) & set(upstream.spec.tenants)
-                          and any(overlap(prefix, theirs) for theirs in other.prefixes)), None)
-            if rival is None:
-                kept.append(prefix)
-            else:
-                logger.error("upstream %s: its URIs under %r are not served: upstream %s owns them for a tenant both "
-                             "serve; set \"prefixes\" of both in MCP_BROKER_UPSTREAMS", upstream.name, prefix,
-                             rival.name)
-        return tuple(kept)
+    def _settle_prefixes(self) -> None:
+        """Each learning upstream's prefixes: those it listed, less those that overlap a prefix of an
+        upstream before it in the map serving a tenant of its (logged). The map's order decides, so
+        every worker settles alike whichever upstream answered first."""
+        for index, upstream in enumerate(self.all):
+            if upstream.spec.prefixes is not None:
+                continue
+            kept: list[str] = []
+            for prefix in sorted(upstream.found):
+                rival = next((other for other in self.all[:index]
+                              if set(other.spec.tenants) & set(upstream.spec.tenants)
+                              and any(overlap(prefix, theirs) for theirs in other.prefixes)), None)
+                if rival is None:
+                    kept.append(prefix)
+                elif (upstream.name, prefix) not in self._warned_prefixes:
+                    self._warned_prefixes.add((upstream.name, prefix))
+                    logger.error("upstream %s: its URIs under %r are not served: upstream %s, before it in "
+                                 "MCP_BROKER_UPSTREAMS, owns them for a tenant both serve; set \"prefixes\" of both",
+                                 upstream.name, prefix, rival.name)
+            upstream.prefixes = tuple(kept)
 
     def _check_names(self, upstream: Upstream) -> None:
         for kind in ("tools", "prompts"):
@@ -322,9 +385,10 @@ class Upstreams:
                 logger.warning("upstream %s: %s left out of the list, it did not answer", upstream.name, method)
                 index, inner = index + 1, None
                 continue
-            items = [item for item in result.get(field, []) if isinstance(item, dict)]
+            found = result.get(field)
+            items = [item for item in found if isinstance(item, dict)] if isinstance(found, list) else []
             if field in ("tools", "prompts"):
-                items = self._named(upstream, field, items)
+                items = self._named(principal.tenant, upstream, field, items)
             else:
                 items = [item for item in items if upstream.owns(str(item.get("uri", item.get("uriTemplate", ""))))]
             following = result.get("nextCursor")
@@ -334,11 +398,10 @@ class Upstreams:
             return items, (_encode_cursor(index, None) if index < len(upstreams) else None)
         return [], None
 
-    def _named(self, upstream: Upstream, kind: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Items with their upstream's ``name_prefix``, less the names an earlier upstream serves."""
-        if kind == "tools" or kind == "prompts":
-            upstream.names[kind] |= {item["name"] for item in items if isinstance(item.get("name"), str)}
-        earlier = self.of_names(upstream, kind)
+    def _named(self, tenant: str, upstream: Upstream, kind: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Items with their upstream's ``name_prefix``, less the names an earlier upstream of the tenant serves."""
+        upstream.names[kind] |= {item["name"] for item in items if isinstance(item.get("name"), str)}
+        earlier = self.of_names(tenant, upstream, kind)
         named = []
         for item in items:
             name = upstream.spec.name_prefix + str(item.get("name", ""))
@@ -347,12 +410,13 @@ class Upstreams:
             named.append({**item, "name": name})
         return named
 
-    def of_names(self, upstream: Upstream, kind: str) -> set[str]:
-        """The names of ``kind`` that upstreams before ``upstream`` in the map serve to a tenant of its."""
+    def of_names(self, tenant: str, upstream: Upstream, kind: str) -> set[str]:
+        """The names of ``kind`` that the tenant's upstreams before ``upstream`` in the map serve."""
         names: set[str] = set()
-        for other in self.all[:self.all.index(upstream)]:
-            if set(other.spec.tenants) & set(upstream.spec.tenants):
-                names |= {other.spec.name_prefix + name for name in other.names[kind]}
+        for other in self.of(tenant):
+            if other is upstream:
+                break
+            names |= {other.spec.name_prefix + name for name in other.names[kind]}
         return names
 
     def named(self, tenant: str, kind: str, name: str) -> tuple[Upstream, str] | None:
@@ -391,44 +455,59 @@ class Upstreams:
             self._running[running] = task  # its client's cancel, taken by this worker, ends it here too
         try:
             if upstream.client.era is None:
-                await upstream.client.probe()
-            held = self._held(upstream, session)
+                await self._probe_within(upstream)
+            held = await self._session_of(upstream, session)
             result, used = await upstream.client.request(
                 method, outgoing, session=held, request_id=request_id if held is not None else None,
-                on_notification=progress)
+                on_notification=None if progress is None else _progress_of(params, progress))
         except UpstreamRpcError as exc:
             upstream.counted(method, "rpc", began)
-            raise rpc.RpcError(exc.code, exc.message, exc.data) from exc
+            raise _passed_on(upstream, exc) from exc
         except UpstreamError as exc:
             kind = "busy" if isinstance(exc, UpstreamBusy) else "timeout" if isinstance(exc, UpstreamTimeout) \
                 else "unavailable"
             upstream.counted(method, kind, began)
             raise self._refused(upstream, exc) from exc
         except asyncio.CancelledError:
-            if running is None or running not in self._cancelled or task is None:
-                raise
+            if running is None or running not in self._cancelled or task is None or task.cancelling() != 1:
+                raise  # a disconnect or a stop as well: that wins
             # Cancelled by its client: the upstream was told (``cancelled``); the POST that carried the
             # request still gets an answer, the error the SDKs give a cancelled request.
             task.uncancel()
             upstream.counted(method, "cancelled", began)
             raise rpc.RpcError(REQUEST_CANCELLED, "Request cancelled", {"upstream": upstream.name}) from None
         finally:
-            if running is not None:
-                self._running.pop(running, None)
+            if running is not None and self._running.get(running) is task:
+                del self._running[running]
                 self._cancelled.discard(running)
         upstream.counted(method, None, began)
-        if session is not None and used is not None and used != self._held(upstream, session):
-            await self._keep(session, upstream, used)
-        # The answer is the broker's to its caller: its era's fields and its caching hints are the broker's
-        # (a list the upstream calls public is one tenant's here), and so is its server's name.
-        for key in _UPSTREAM_FIELDS:
-            result.pop(key, None)
-        meta = result.get("_meta")
-        if isinstance(meta, dict):
-            meta.pop(_SERVER_INFO, None)
-            if not meta:
-                del result["_meta"]
-        return result
+        if session is not None and used is not None and used != held and held is not None:
+            await self._keep(session, upstream, used)  # the upstream forgot the old one: a new one, kept
+        return _answer(result)
+
+    async def _probe_within(self, upstream: Upstream) -> None:
+        """The first probe of an upstream a request needs, within the request's own bounds: its
+        ``timeout`` (the wait behind another probe included) and the ``concurrency`` in flight."""
+        if upstream.client.in_flight >= upstream.spec.concurrency:
+            raise UpstreamBusy(upstream.name, "its bound of requests in flight is full")
+        try:
+            async with asyncio.timeout(upstream.spec.timeout):
+                await upstream.client.probe()
+        except TimeoutError as exc:
+            raise UpstreamTimeout(upstream.name, "its first answer took too long") from exc
+
+    async def _session_of(self, upstream: Upstream, session: SessionRecord | None) -> UpstreamSession | None:
+        """The caller's own session at a 2025-era upstream over HTTP (None: none is needed, the request
+        goes on the worker's session): the one in its record, or a new one, kept there. Never the
+        worker's: a caller's ids and its cancels would meet another caller's, of any tenant."""
+        if session is None or upstream.client.era != "legacy" or upstream.spec.command is not None:
+            return None  # a stdio upstream is one process per worker: one session, with the client's own ids
+        kept = session.upstreams.get(upstream.name)
+        if kept:
+            return UpstreamSession(kept[0], kept[1])
+        opened = await upstream.client.open_session()
+        await self._keep(session, upstream, opened)
+        return opened
 
     @staticmethod
     def _refused(upstream: Upstream, exc: UpstreamError) -> UpstreamRefused:
@@ -442,19 +521,17 @@ class Upstreams:
         return UpstreamRefused(name, Reason.UPSTREAM_UNREACHABLE, f"upstream {name!r} cannot be reached: {exc}",
                                retry_after=1)
 
-    @staticmethod
-    def _held(upstream: Upstream, session: SessionRecord | None) -> UpstreamSession | None:
-        if session is None or upstream.client.era != "legacy":
-            return None
-        kept = session.upstreams.get(upstream.name)
-        return UpstreamSession(kept[0], kept[1]) if kept else None
-
     async def _keep(self, session: SessionRecord, upstream: Upstream, used: UpstreamSession) -> None:
-        """Keep the session the upstream gave this one in its record (a new one when it forgot the old)."""
+        """Keep the session the upstream gave this one in its record (a new one when it forgot the old).
+        Not kept (the backend did not answer), the next request opens another: the request goes on."""
         kept = {**session.upstreams, upstream.name: [used.id, used.version]}
         session.upstreams = kept
         if self.sessions is not None:
-            await self.sessions.update(session.id, upstreams=kept)
+            try:
+                await self.sessions.update(session.id, upstreams=kept)
+            except BackendUnavailable:
+                logger.warning("upstream %s: session %s's session there could not be recorded", upstream.name,
+                               session.id)
 
     @staticmethod
     def _outgoing(principal: Principal, upstream: Upstream, params: dict[str, Any]) -> dict[str, Any]:
@@ -472,22 +549,29 @@ class Upstreams:
         return outgoing
 
     async def cancelled(self, session: SessionRecord, params: dict[str, Any]) -> None:
-        """A 2025 client's ``notifications/cancelled``: passed on to each of its upstream sessions
-        (an upstream ignores an id it does not know, as the specification says), and the forwarded
-        request it names ended here when this worker runs it."""
+        """A 2025 client's ``notifications/cancelled``: the forwarded request it names ended here when
+        this worker runs it, and the cancel passed on to the client's own sessions at its upstreams
+        (the request may run on another worker; an upstream ignores an id it does not know, as the
+        specification says). Only ``requestId`` and ``reason`` go, each within ``CANCEL_WAIT``."""
         request_id = params.get("requestId")
-        key = (session.id, request_id) if isinstance(request_id, str | int) else None
-        if key is not None and (task := self._running.get(key)) is not None:
+        if not isinstance(request_id, str | int):
+            return
+        key = (session.id, request_id)
+        if (task := self._running.get(key)) is not None:
             self._cancelled.add(key)
             task.cancel()
+        told: dict[str, Any] = {"requestId": request_id}
+        if isinstance(reason := params.get("reason"), str):
+            told["reason"] = reason[:200]
         for name, (session_id, version) in session.upstreams.items():
             upstream = self.by_name.get(name)
-            if upstream is None:
+            if upstream is None or upstream.spec.command is not None:
                 continue
             try:
-                await upstream.client.notify("notifications/cancelled", params,
-                                             session=UpstreamSession(session_id, version))
-            except UpstreamError as exc:
+                async with asyncio.timeout(CANCEL_WAIT):
+                    await upstream.client.notify("notifications/cancelled", told,
+                                                 session=UpstreamSession(session_id, version))
+            except (UpstreamError, TimeoutError) as exc:
                 logger.info("upstream %s: a cancellation could not be passed on: %s", name, exc)
 
     async def ended(self, session: SessionRecord) -> None:

@@ -6,7 +6,7 @@ A JSON map of upstream name to its description::
                "auth": {"type": "bearer", "token_env": "NOTES_TOKEN"}}}
 
 Each entry: ``url`` (http or https, the upstream's MCP endpoint) or ``command`` (a list: a stdio
-upstream the broker starts), ``tenants`` (who sees it; default ``["default"]``), ``prefixes`` (the
+upstream the broker starts), ``tenants`` (who sees it; default: the default tenant), ``prefixes`` (the
 URIs it owns; left out: learnt from its own listings), ``auth`` (how the broker calls it, never
 with the client's credential): ``{"type": "none"}``, ``{"type": "bearer", "token_file": …}`` or
 ``"token_env"``, or ``{"type": "client_credentials", "client_id": …, "client_secret_file"`` or
@@ -178,7 +178,7 @@ def _prefixes(name: str, value: Any) -> tuple[str, ...] | None:
     return prefixes
 
 
-def _one(name: Any, entry: Any) -> UpstreamSpec:
+def _one(name: Any, entry: Any, default_tenant: str) -> UpstreamSpec:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise _fail(None, f"the name {name!r} is not one; write lower-case letters, digits, - and _ (at most 63), "
                           'e.g. "notes"')
@@ -192,7 +192,7 @@ def _one(name: Any, entry: Any) -> UpstreamSpec:
                           '(a stdio server to start, e.g. ["python", "-m", "notes_server"])')
     url = _url(name, entry["url"]) if "url" in entry else None
     command = _strings(name, "command", entry["command"]) if "command" in entry else None
-    tenants = _strings(name, "tenants", entry.get("tenants", ["default"]))
+    tenants = _strings(name, "tenants", entry.get("tenants", [default_tenant]))
     for tenant in tenants:
         problem = tenant_problem(tenant)
         if problem:
@@ -220,15 +220,16 @@ def overlap(one: str, other: str) -> bool:
     return one.startswith(other) or other.startswith(one)
 
 
-def parse_upstreams(raw: Any) -> tuple[UpstreamSpec, ...]:
-    """The upstreams of ``raw`` (the setting's JSON, decoded), in the order written.
+def parse_upstreams(raw: Any, default_tenant: str = "default") -> tuple[UpstreamSpec, ...]:
+    """The upstreams of ``raw`` (the setting's JSON, decoded), in the order written; ``tenants`` left out
+    is ``[default_tenant]`` (``MCP_BROKER_DEFAULT_TENANT``).
 
     Raises:
         UpstreamsError: a bad map, entry or URL, or two upstreams whose prefixes overlap for a tenant both see.
     """
     if not isinstance(raw, dict):
         raise _fail(None, f"write a JSON object of upstream name to its description, e.g. {_EXAMPLE}")
-    specs = tuple(_one(name, entry) for name, entry in raw.items())
+    specs = tuple(_one(name, entry, default_tenant) for name, entry in raw.items())
     for index, spec in enumerate(specs):
         for other in specs[:index]:
             shared = sorted(set(spec.tenants) & set(other.tenants))

@@ -375,3 +375,17 @@ async def test_an_upstream_that_forgot_the_clients_session_gets_a_new_one_unseen
                 assert text_of(await session.result("resources/read", {"uri": "note://f"})) == "2"
     finally:
         upstream.stop()
+
+
+async def test_past_an_upstreams_max_watches_a_subscription_is_refused(upstreams: dict[str, UpstreamProcess]) -> None:
+    config = {"notes": {"url": upstreams["notes"].url + "/mcp", "prefixes": ["note://"], "max_watches": 2,
+                        "auth": {"type": "bearer", "token_env": "NOTES"}}}
+    with BrokerProcess(env={"MCP_BROKER_UPSTREAMS": json.dumps(config), "NOTES": "broker-secret"}) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=15) as client:
+            session = await McpSession(client).initialize()
+            await session.subscribe("note://w1", "note://w2", "note://w1")
+            refused = await session.call("resources/subscribe", {"uri": "note://w3"})
+            assert refused["error"]["code"] == -32602 and refused["error"]["data"]["upstream"] == "notes"
+            assert "max_watches" in refused["error"]["message"]
+            await session.subscribe("mcpb://default/own/1")  # the broker's own URIs are no upstream's
+            assert await session.result("resources/unsubscribe", {"uri": "note://w3"}) == {}

@@ -12,11 +12,15 @@ class MemoryDemand:
     def __init__(self) -> None:
         self._wanted: dict[str, dict[str, float]] = {}
 
-    async def want(self, key: str, members: Sequence[str], until: float) -> None:
+    async def want(self, key: str, members: Sequence[str], until: float, most: int) -> list[str]:
         wanted = self._wanted.setdefault(key, {})
+        refused = []
         for member in members:
-            if wanted.get(member, -1.0) < until:
+            if member not in wanted and len(wanted) >= most:
+                refused.append(member)
+            elif wanted.get(member, -1.0) < until:
                 wanted[member] = until
+        return refused
 
     async def wanted(self, key: str, limit: int) -> dict[str, float]:
         wanted = self._wanted.get(key, {})
