@@ -188,12 +188,10 @@ class WatchSource:
         await self._publish([uri], ChangeKind.UPDATED)
 
     async def list_changed(self, what: str) -> None:
-        if what == "resources":
+        if what == "resources" and self.watch is not None and self.watch.watched:
             # The broker's list_changed follows a created or deleted change; which URI is not known,
-            # so the upstream's own prefix stands for it.
-            prefix = self.upstream.prefixes[0] if self.upstream.prefixes else None
-            if prefix is not None:
-                await self._publish([prefix], ChangeKind.CREATED)
+            # so one it watches stands for it (its subscribers read it again: a resync, not a loss).
+            await self._publish([min(self.watch.watched)], ChangeKind.CREATED)
 
     async def gap(self, uris: frozenset[str]) -> None:
         if uris:

@@ -18,8 +18,8 @@ Rules every forwarded request follows:
   number per upstream (``timeout``, ``concurrency``); the error names the upstream, with 502, 503
   or 504 semantics (``UpstreamRefused``). The broker's own resources never wait on an upstream.
 * **Names never collide silently.** Tools and prompts carry the upstream's ``name_prefix``; two
-  upstreams of one tenant offering one name are logged once, the name is served by the first in
-  the map, and a call says which upstreams clash when the first one no longer has it.
+  upstreams of one tenant offering one name are logged once as an error naming both, and the name
+  is served by the first of the tenant's in the map.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from broker.auth import Principal
-from broker.errors import BackendUnavailable, NotFound, Refusal, raise_if_cancelled
+from broker.errors import BackendUnavailable, NotFound, Refusal
 from broker.metrics import NO_METRICS, Metrics
 from broker.protocol import jsonrpc as rpc
 from broker.protocol.refusals import Reason
@@ -47,7 +47,9 @@ from broker.upstreams.client import (
     UpstreamSession,
     UpstreamTimeout,
 )
-from broker.upstreams.spec import UpstreamSpec, overlap
+from broker.upstreams.probe import Probes
+from broker.upstreams.spec import UpstreamSpec
+from broker.upstreams.upstream import Upstream
 
 if TYPE_CHECKING:
     from broker.backends.base import SessionStore
@@ -71,10 +73,6 @@ _SERVER_INFO: Final = "io.modelcontextprotocol/serverInfo"
 REQUEST_CANCELLED: Final = -32800
 #: Seconds a client's cancel may take to reach one upstream.
 CANCEL_WAIT: Final = 2.0
-#: Seconds the start waits for the upstreams whose prefixes are learnt to answer their first probe.
-LEARN_WAIT: Final = 5.0
-#: Seconds between two probes of an upstream that could not be reached.
-PROBE_PAUSE: Final = 5.0
 
 
 class UpstreamRefused(Refusal):
@@ -84,14 +82,6 @@ class UpstreamRefused(Refusal):
     def __init__(self, upstream: str, reason: Reason, message: str, retry_after: int | None = None) -> None:
         super().__init__(message, reason=reason, retry_after=retry_after, data={"upstream": upstream})
         self.upstream = upstream
-
-
-def prefix_of(uri: str) -> str | None:
-    """The prefix a learnt URI (or template) gives its upstream: its scheme and ``//`` when it has them."""
-    scheme, colon, rest = uri.partition(":")
-    if not colon or not scheme or "{" in scheme:
-        return None
-    return f"{scheme}://" if rest.startswith("//") else f"{scheme}:"
 
 
 #: JSON-RPC codes that mean something of the broker itself (its statuses, its scopes, its bounds): an
@@ -142,49 +132,6 @@ def _answer(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-class Upstream:
-    """One upstream, as this worker knows it."""
-
-    def __init__(self, spec: UpstreamSpec, client: UpstreamClient, metrics: Metrics) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.client = client
-        #: The URI prefixes it owns: configured, or learnt by the probe (empty until then).
-        self.prefixes: tuple[str, ...] = spec.prefixes or ()
-        #: Its capabilities as the probe found them; None until it answered.
-        self.capabilities: dict[str, Any] | None = None
-        self.state = "unknown"
-        self.error = ""
-        #: Tool and prompt names it offers (without ``name_prefix``), as its lists were last seen.
-        self.names: dict[str, set[str]] = {"tools": set(), "prompts": set()}
-        #: Set once the first probe answered or failed.
-        self.learnt = asyncio.Event()
-        #: The prefixes its listings showed (when the map leaves them out); ``prefixes`` is what it keeps of them.
-        self.found: set[str] = set()
-        self._metrics = metrics
-        self._requests: dict[str, Any] = {}
-        self._errors: dict[str, Any] = {}
-        self._latency = metrics.histogram("mcp_broker_upstream_request_duration_seconds", upstream=spec.name)
-
-    def owns(self, uri: str) -> bool:
-        return any(uri.startswith(prefix) for prefix in self.prefixes)
-
-    def counted(self, method: str, error: str | None, began: float) -> None:
-        """One forwarded request: counted by method, its error by kind, timed."""
-        counter = self._requests.get(method)
-        if counter is None:
-            counter = self._requests[method] = self._metrics.counter("mcp_broker_upstream_requests_total",
-                                                                     upstream=self.name, method=method)
-        counter.inc()
-        self._latency.observe(time.perf_counter() - began)
-        if error is not None:
-            errors = self._errors.get(error)
-            if errors is None:
-                errors = self._errors[error] = self._metrics.counter("mcp_broker_upstream_errors_total",
-                                                                     upstream=self.name, kind=error)
-            errors.inc()
-
-
 def _encode_cursor(index: int, cursor: str | None) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([index, cursor])).decode()
 
@@ -215,13 +162,11 @@ class Upstreams:
         for upstream in self.all:
             for tenant in upstream.spec.tenants:
                 self._tenants.setdefault(tenant, []).append(upstream)
-        self._probes: list[asyncio.Task[None]] = []
+        self.probes = Probes(self.all)
         #: The forwarded requests of 2025 sessions running on this worker, by (session, request id),
         #: and those of them their client cancelled.
         self._running: dict[tuple[str, rpc.Id], asyncio.Task[Any]] = {}
         self._cancelled: set[tuple[str, rpc.Id]] = set()
-        self._warned: set[tuple[str, str, str]] = set()
-        self._warned_prefixes: set[tuple[str, str]] = set()
 
     # -- who sees what ----------------------------------------------------------------------
     def of(self, tenant: str) -> list[Upstream]:
@@ -251,107 +196,17 @@ class Upstreams:
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Probe every upstream in the background. The start waits for the first answer of those whose
-        prefixes are to be learnt, for ``LEARN_WAIT`` seconds at most, so that their URIs are theirs from
-        the first request; an upstream that cannot be reached delays nothing longer."""
-        self._probes = [asyncio.create_task(self._probe_until_known(upstream), name=f"upstream-probe-{upstream.name}")
-                        for upstream in self.all]
-        learning = [upstream.learnt for upstream in self.all if upstream.spec.prefixes is None]
-        if learning:
-            await asyncio.wait([asyncio.ensure_future(event.wait()) for event in learning], timeout=LEARN_WAIT)
+        """Probe every upstream (``Probes.start``)."""
+        await self.probes.start()
 
     async def close(self) -> None:
-        for task in self._probes:
-            task.cancel()
-        await asyncio.gather(*self._probes, return_exceptions=True)
+        await self.probes.close()
         for upstream in self.all:
             await upstream.client.aclose()
 
-    async def _probe_until_known(self, upstream: Upstream) -> None:
-        while True:
-            try:
-                await self.probe(upstream)
-                return
-            except Exception as exc:  # the probe's boundary: an answer that is not what MCP says is logged, asked again
-                raise_if_cancelled()
-                upstream.learnt.set()  # asked once: the start waits no longer
-                upstream.state, upstream.error = "unreachable", str(exc) or type(exc).__name__
-                if not isinstance(exc, UpstreamError):
-                    logger.exception("upstream %s: its answers to the probe could not be read", upstream.name)
-                logger.warning("upstream %s (%s) cannot be reached: %s; asking again in %.0f s", upstream.name,
-                               upstream.spec.target, exc, PROBE_PAUSE)
-            await asyncio.sleep(PROBE_PAUSE)
-
     async def probe(self, upstream: Upstream) -> None:
-        """Learn the upstream's era and capabilities, its tool and prompt names, and (when the map
-        leaves them out) the prefixes it owns. Raises ``UpstreamError``."""
-        found = await upstream.client.probe()
-        capabilities = found.get("capabilities", found)
-        upstream.capabilities = capabilities if isinstance(capabilities, dict) else {}
-        for kind, method in (("tools", "tools/list"), ("prompts", "prompts/list")):
-            if kind in upstream.capabilities:
-                upstream.names[kind] = {item["name"] for item in await self._all(upstream, method)
-                                        if isinstance(item, dict) and isinstance(item.get("name"), str)}
-        if upstream.spec.prefixes is None and "resources" in upstream.capabilities:
-            uris = [item.get("uri") for item in await self._all(upstream, "resources/list") if isinstance(item, dict)]
-            uris += [item.get("uriTemplate") for item in await self._all(upstream, "resources/templates/list")
-                     if isinstance(item, dict)]
-            upstream.found = {p for uri in uris if isinstance(uri, str) if (p := prefix_of(uri)) is not None}
-            self._settle_prefixes()
-        upstream.state, upstream.error = "ready", ""
-        upstream.learnt.set()
-        self._check_names(upstream)
-        logger.info("upstream %s (%s) ready: %s era, prefixes %s", upstream.name, upstream.spec.target,
-                    upstream.client.era, ", ".join(upstream.prefixes) or "none")
-
-    def _settle_prefixes(self) -> None:
-        """Each learning upstream's prefixes: those it listed, less those that overlap a prefix of an
-        upstream before it in the map serving a tenant of its (logged). The map's order decides, so
-        every worker settles alike whichever upstream answered first."""
-        for index, upstream in enumerate(self.all):
-            if upstream.spec.prefixes is not None:
-                continue
-            kept: list[str] = []
-            for prefix in sorted(upstream.found):
-                rival = next((other for other in self.all[:index]
-                              if set(other.spec.tenants) & set(upstream.spec.tenants)
-                              and any(overlap(prefix, theirs) for theirs in other.prefixes)), None)
-                if rival is None:
-                    kept.append(prefix)
-                elif (upstream.name, prefix) not in self._warned_prefixes:
-                    self._warned_prefixes.add((upstream.name, prefix))
-                    logger.error("upstream %s: its URIs under %r are not served: upstream %s, before it in "
-                                 "MCP_BROKER_UPSTREAMS, owns them for a tenant both serve; set \"prefixes\" of both",
-                                 upstream.name, prefix, rival.name)
-            upstream.prefixes = tuple(kept)
-
-    def _check_names(self, upstream: Upstream) -> None:
-        for kind in ("tools", "prompts"):
-            mine = {upstream.spec.name_prefix + name for name in upstream.names[kind]}
-            for other in self.all:
-                if other is upstream or not set(other.spec.tenants) & set(upstream.spec.tenants):
-                    continue
-                theirs = {other.spec.name_prefix + name for name in other.names[kind]}
-                for name in sorted(mine & theirs):
-                    first, second = sorted((upstream, other), key=self.all.index)
-                    if (kind, name, second.name) not in self._warned:
-                        self._warned.add((kind, name, second.name))
-                        logger.error("upstreams %s and %s both offer the %s %r to a tenant they share: %s serves it; "
-                                     "give one a \"name_prefix\" in MCP_BROKER_UPSTREAMS", first.name, second.name,
-                                     kind[:-1], name, first.name)
-
-    async def _all(self, upstream: Upstream, method: str, pages: int = 50) -> list[Any]:
-        """Every item of one of the upstream's lists (at most ``pages`` pages)."""
-        items: list[Any] = []
-        cursor: str | None = None
-        for _ in range(pages):
-            result, _session = await upstream.client.request(method, {} if cursor is None else {"cursor": cursor})
-            found = result.get(LISTS[method], [])
-            items += found if isinstance(found, list) else []
-            cursor = result.get("nextCursor")
-            if not isinstance(cursor, str):
-                break
-        return items
+        """Learn what ``upstream`` offers (``Probes.probe``). Raises ``UpstreamError``."""
+        await self.probes.probe(upstream)
 
     # -- lists --------------------------------------------------------------------------------
     async def list_page(self, principal: Principal, method: str, cursor: str | None,
