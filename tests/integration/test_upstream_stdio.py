@@ -111,18 +111,22 @@ async def updated_modern(stream: modern.ListenStream, uri: str) -> None:
     assert note is not None and note["method"] == UPDATED and note["params"]["uri"] == uri, note
 
 
+# Each test changes a note the server was started with: a new note would also change the resource list,
+# and the `list_changed` that follows would reach the 2025 sessions of whichever test runs then.
+
+
 def test_the_server_is_a_child_of_the_broker(broker: BrokerProcess, side: Side) -> None:
     server = psutil.Process(side.stats()["pid"])
     assert broker.proc.pid in {parent.pid for parent in server.parents()}
 
 
 async def test_a_2025_client_calls_reads_and_hears_a_stdio_upstream(http: httpx.AsyncClient, side: Side) -> None:
-    uri = "note://legacy"
+    uri = "note://1"
     session = await McpSession(http, auth=KEY).initialize()
     tools = await session.result("tools/list")
     assert {tool["name"] for tool in tools["tools"]} == {"set_note", "slow", "echo_meta"}
-    called = await session.result("tools/call", set_note("legacy", "first"))
-    assert called["isError"] is False and called["content"][0]["text"] == "note://legacy set"
+    called = await session.result("tools/call", set_note("1", "first"))
+    assert called["isError"] is False and called["content"][0]["text"] == "note://1 set"
     assert text_of(await session.result("resources/read", {"uri": uri})) == "first"
 
     await session.subscribe(uri)
@@ -132,15 +136,15 @@ async def test_a_2025_client_calls_reads_and_hears_a_stdio_upstream(http: httpx.
         await updated_legacy(stream, uri)
         assert text_of(await session.result("resources/read", {"uri": uri})) == "first"
         # Then the server's own notification, on its stdout, after a change made through the broker.
-        await session.result("tools/call", set_note("legacy", "second"))
+        await session.result("tools/call", set_note("1", "second"))
         await updated_legacy(stream, uri)
         assert text_of(await session.result("resources/read", {"uri": uri})) == "second"
-    assert side.stats()["notes"]["legacy"] == "second"
+    assert side.stats()["notes"]["1"] == "second"
 
 
 async def test_a_2026_client_calls_reads_and_hears_a_stdio_upstream(http: httpx.AsyncClient, side: Side) -> None:
-    uri = "note://modern"
-    called = await modern_result(http, "tools/call", set_note("modern", "first"), name="set_note")
+    uri = "note://2"
+    called = await modern_result(http, "tools/call", set_note("2", "first"), name="set_note")
     assert called["isError"] is False
     assert text_of(await modern_result(http, "resources/read", {"uri": uri}, name=uri)) == "first"
 
@@ -150,10 +154,10 @@ async def test_a_2026_client_calls_reads_and_hears_a_stdio_upstream(http: httpx.
         await watched(side, uri)
         await updated_modern(stream, uri)  # the gap rule's, as the watch took the note on
         assert text_of(await modern_result(http, "resources/read", {"uri": uri}, name=uri)) == "first"
-        await modern_result(http, "tools/call", set_note("modern", "second"), name="set_note")
+        await modern_result(http, "tools/call", set_note("2", "second"), name="set_note")
         await updated_modern(stream, uri)
         assert text_of(await modern_result(http, "resources/read", {"uri": uri}, name=uri)) == "second"
-    assert side.stats()["notes"]["modern"] == "second"
+    assert side.stats()["notes"]["2"] == "second"
 
 
 async def test_progress_of_a_call_to_a_stdio_upstream_reaches_its_caller(http: httpx.AsyncClient) -> None:
@@ -182,5 +186,5 @@ async def test_a_call_slower_than_the_timeout_is_a_504_and_is_cancelled_in_the_p
         while not side.stats()["cancelled"]:
             await asyncio.sleep(0.05)
     # The process is still the one the broker talks to: the next call is answered by it.
-    called = await modern_result(http, "tools/call", set_note("after", "x"), name="set_note")
-    assert called["isError"] is False and side.stats()["notes"]["after"] == "x"
+    called = await modern_result(http, "tools/call", set_note("1", "after"), name="set_note")
+    assert called["isError"] is False and side.stats()["notes"]["1"] == "after"

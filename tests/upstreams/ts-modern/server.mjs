@@ -20,7 +20,7 @@ import { createMcpHandler, fromJsonSchema, McpServer, ResourceNotFoundError, Res
 
 const REQUESTS_KEPT = 2000;
 
-const notes = new Map([['1', 'one'], ['2', 'two']]);
+const notes = new Map([['1', 'one'], ['2', 'two'], ['3', 'three']]);
 /** What came to /mcp, newest last: {method, headers}. */
 const requests = [];
 /** Open listens: a number of ours -> the URIs it asked for. */

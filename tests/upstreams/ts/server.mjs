@@ -39,7 +39,7 @@ import {
 const RESOURCE_NOT_FOUND = -32002;
 const REQUESTS_KEPT = 2000;
 
-const notes = new Map([['1', 'one'], ['2', 'two']]);
+const notes = new Map([['1', 'one'], ['2', 'two'], ['3', 'three']]);
 /** Session id -> {transport, server}. */
 const sessions = new Map();
 /** URI -> the ids of the sessions subscribed to it. */
