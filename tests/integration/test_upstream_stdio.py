@@ -57,7 +57,8 @@ def broker(side: Side) -> Iterator[BrokerProcess]:
            "MCP_BROKER_API_KEYS": json.dumps({KEY: "acme/alice", OPERATOR: "ops/olga"}),
            "MCP_BROKER_CONSOLE_TENANTS": json.dumps(["ops"])}
     with BrokerProcess(env=env) as proc:
-        # The worker starts the process, and learns the upstream's prefixes from it, in the background.
+        # The worker starts the process at its start, and learns the upstream's prefixes from it (the start
+        # waits for that a few seconds at most).
         wait_until(lambda: upstream_state(proc) == "ready", what="the broker to have probed the upstream")
         wait_until(lambda: side.stats()["pid"] > 0, what="the stdio server's side doors")
         yield proc

@@ -156,8 +156,8 @@ def broker(servers: dict[str, TsUpstream]) -> Iterator[BrokerProcess]:
            "MCP_BROKER_API_KEYS": json.dumps({KEY: "acme/alice", MODERN_KEY: "globex/bob", OPERATOR: "ops/olga"}),
            "MCP_BROKER_CONSOLE_TENANTS": json.dumps(["ops"])}
     with BrokerProcess(env=env) as proc:
-        # The prefixes are learnt by the probes the broker starts in the background: until they are done, the
-        # broker does not know that note:// is an upstream's.
+        # The prefixes are learnt by each upstream's probe, which the start waits for a few seconds at most:
+        # until it is done, the broker does not know that note:// is an upstream's.
         for name in config:
             wait_until(functools.partial(ready, proc, name), what=f"the broker to have probed {name}")
         yield proc
