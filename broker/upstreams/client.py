@@ -99,7 +99,7 @@ class UpstreamClient:
         self.name = spec.name
         self.url = spec.url or ""
         #: A ``command`` upstream's process (then no HTTP is spoken).
-        self._stdio = StdioUpstream(spec.name, spec.command, max_bytes) if spec.command else None
+        self._stdio = StdioUpstream(spec.name, spec.command, max_bytes, spec.env) if spec.command else None
         self.client_info = dict(client_info)
         self.max_bytes = max_bytes
         self.http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(spec.timeout),

@@ -37,9 +37,10 @@ CALLER_FIELDS: Final = frozenset({"tenant", "subject"})
 _NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 #: A prefix is a URI's beginning: a scheme and what follows it (``note://``, ``https://api.example/``).
 _PREFIX: Final = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*:\S*")
+_VARIABLE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_PREFIX: Final = re.compile(r"[A-Za-z0-9_.-]{0,32}")
-_KEYS: Final = frozenset({"url", "command", "tenants", "prefixes", "auth", "timeout", "concurrency", "name_prefix",
-                          "caller", "watch_grace", "max_watches"})
+_KEYS: Final = frozenset({"url", "command", "env", "tenants", "prefixes", "auth", "timeout", "concurrency",
+                          "name_prefix", "caller", "watch_grace", "max_watches"})
 _AUTH_KEYS: Final = {
     "none": frozenset({"type"}),
     "bearer": frozenset({"type", "token_file", "token_env"}),
@@ -89,6 +90,8 @@ class UpstreamSpec:
     concurrency: int = 32
     name_prefix: str = ""
     caller: frozenset[str] = frozenset()
+    #: A ``command`` upstream: names of the broker's environment variables its process is given.
+    env: tuple[str, ...] = ()
     watch_grace: float = 30.0
     max_watches: int = 10_000
 
@@ -113,6 +116,7 @@ def _strings(name: str, key: str, value: Any, *, empty: bool = False) -> tuple[s
 
 def _key_example(key: str) -> str:
     return {"tenants": '["acme"]', "prefixes": '["note://"]', "command": '["python", "-m", "notes_server"]',
+            "env": '["NOTES_DB_URL"]',
             "caller": '["tenant", "subject"]'}.get(key, "[]")
 
 
@@ -198,6 +202,12 @@ def _one(name: Any, entry: Any, default_tenant: str) -> UpstreamSpec:
         if problem:
             raise _fail(name, f'"tenants": {problem}')
     caller = _strings(name, "caller", entry.get("caller", []), empty=True)
+    env = _strings(name, "env", entry.get("env", []), empty=True)
+    if env and command is None:
+        raise _fail(name, '"env" names variables for a "command" upstream\'s process; an upstream at a "url" has none')
+    for variable in env:
+        if not _VARIABLE.fullmatch(variable):
+            raise _fail(name, f'"env": {variable!r} is not a variable name; write names, e.g. ["NOTES_DB_URL"]')
     if set(caller) - CALLER_FIELDS:
         raise _fail(name, f'"caller" may name tenant and subject, not {", ".join(sorted(set(caller) - CALLER_FIELDS))}')
     name_prefix = entry.get("name_prefix", "")
@@ -208,7 +218,7 @@ def _one(name: Any, entry: Any, default_tenant: str) -> UpstreamSpec:
         auth=_auth(name, entry.get("auth")),
         timeout=_number(name, "timeout", entry.get("timeout", 30.0), integer=False, low=0.1, high=3600),
         concurrency=int(_number(name, "concurrency", entry.get("concurrency", 32), integer=True, low=1, high=10_000)),
-        name_prefix=name_prefix, caller=frozenset(caller),
+        name_prefix=name_prefix, caller=frozenset(caller), env=env,
         watch_grace=_number(name, "watch_grace", entry.get("watch_grace", 30.0), integer=False, low=0, high=86_400),
         max_watches=int(_number(name, "max_watches", entry.get("max_watches", 10_000), integer=True, low=1,
                                 high=1_000_000)),

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -38,12 +39,19 @@ _generations = itertools.count(1)
 Notify = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+#: The variables of the broker's environment every stdio upstream is given (the SDKs' default set,
+#: with the locale and the temporary directory); ``env`` in the map names more.
+PASSED_ENV: Final = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+
 class StdioUpstream:
     """The process of one ``command`` upstream, and the messages to and from it."""
 
-    def __init__(self, name: str, command: tuple[str, ...], max_bytes: int) -> None:
+    def __init__(self, name: str, command: tuple[str, ...], max_bytes: int, env: tuple[str, ...] = ()) -> None:
+        """``env``: names of the broker's environment variables the process is given, beside ``PASSED_ENV``."""
         self.name = name
         self.command = command
+        self.env = env
         self.max_bytes = max_bytes
         #: The session id of the running process ("" while none runs).
         self.session_id = ""
@@ -55,6 +63,11 @@ class StdioUpstream:
         self._starting = asyncio.Lock()
         self._initialized: dict[str, Any] | None = None
 
+    def environment(self) -> dict[str, str]:
+        """The process's environment: never the broker's whole one, whose variables hold its secrets
+        (``MCP_BROKER_*``, its Redis password), as the SDKs' own stdio clients pass a chosen few."""
+        return {name: os.environ[name] for name in (*PASSED_ENV, *self.env) if name in os.environ}
+
     async def open(self, initialize: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """The running process's session id and its answer to the handshake, ``initialize`` then
         ``notifications/initialized``, sent when it starts (now, if it does not run, or its handshake failed)."""
@@ -65,7 +78,7 @@ class StdioUpstream:
             try:
                 self._proc = await asyncio.create_subprocess_exec(
                     *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE, limit=self.max_bytes)
+                    stderr=asyncio.subprocess.PIPE, limit=self.max_bytes, env=self.environment())
             except OSError as exc:
                 raise UpstreamUnavailable(self.name, f"cannot start {self.command[0]} ({exc.strerror})") from None
             self.session_id = f"stdio-{next(_generations)}"

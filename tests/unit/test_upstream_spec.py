@@ -49,3 +49,17 @@ def test_one_prefix_for_two_upstreams_of_different_tenants_is_no_overlap() -> No
     specs = parse_upstreams({"a": {"url": "http://x/mcp", "prefixes": ["note://"], "tenants": ["acme"]},
                              "b": {"url": "http://y/mcp", "prefixes": ["note://"], "tenants": ["globex"]}})
     assert [spec.name for spec in specs] == ["a", "b"]
+
+
+def test_a_stdio_upstreams_process_gets_the_variables_named_and_none_of_the_brokers_secrets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.upstreams.stdio import StdioUpstream
+
+    [spec] = parse_upstreams({"local": {"command": ["notes-server"], "env": ["NOTES_DB"], "prefixes": ["note://"]}})
+    monkeypatch.setenv("NOTES_DB", "postgresql://notes")
+    monkeypatch.setenv("MCP_BROKER_REDIS_URL", "redis://:secret@redis:6379/0")
+    environment = StdioUpstream(spec.name, spec.command or (), 1024, spec.env).environment()
+    assert environment["NOTES_DB"] == "postgresql://notes" and "PATH" in environment
+    assert not any(name.startswith("MCP_BROKER_") for name in environment)
+    with pytest.raises(UpstreamsError, match='"env" names variables for a "command"'):
+        parse_upstreams({"web": {"url": "http://x/mcp", "env": ["NOTES_DB"]}})
