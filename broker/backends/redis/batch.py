@@ -95,8 +95,20 @@ class Batch:
         """A single server's EVALSHA of ``script`` already packed in RESP (``command``), sent as it is;
         ``arguments`` gives its keys and arguments, should the server have to load the script."""
         assert not self._cluster
-        self._scripts[len(self.pipe)] = (script, arguments)
-        self.pipe.execute_command(PREPACKED, command)
+        stack = self.pipe.command_stack
+        self._scripts[len(stack)] = (script, arguments)
+        stack.append(((PREPACKED, command), {}))  # as ``pipe.execute_command`` records it
+
+    def packed(self, command: bytes) -> None:
+        """A single server's command already packed in RESP (``command``), sent as it is; its reply
+        comes back as the server sent it, through no response callback."""
+        assert not self._cluster
+        self.pipe.command_stack.append(((PREPACKED, command), {}))
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the batch is a Cluster's (no pre-packed commands there)."""
+        return self._cluster
 
     def __len__(self) -> int:
         return len(self.pipe)
