@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import (
@@ -243,55 +243,63 @@ class RedisInboxes:
         gone: list[str] = []
         by_node: dict[str, list[NodeWake]] = {}
         trimmed = 0
-        # On Cluster no session names a node: each call published its own wake-up.
-        node_of = not self.cluster
         handlers = self._watchers.handlers
         mine_raw = self._watchers.node_raw
-        frame_max = self._frame_max
         frames_of = appends.frames
-        for sids, result in zip(appends.slices, results, strict=True):
-            # Four values per session: its head (-1: gone), the node that watches it ('' when
-            # none), the frames skipped (0, their numbers, or -1: a new epoch), the entries trimmed.
-            values = iter(result)
-            for sid, head, raw_node, skips, cut in zip(sids, values, values, values, values, strict=True):
-                if cut:
-                    trimmed += cut
-                if head < 0:
-                    gone.append(sid)
-                    continue
-                if not (raw_node and node_of):
-                    continue
-                frames = frames_of[sid]
-                if skips:
-                    if skips != -1:
-                        left_out = {int(i) - 1 for i in skips}
-                        frames = frames_of[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
-                    if skips == -1 or not frames:
-                        # Every frame was a repeat: a redo. An earlier attempt may have appended
-                        # them and failed before announcing them (a later session of its script
-                        # call, or of its pipeline, failed), so the stream gets a wake-up without
-                        # frames and reads its inbox. So does a stream whose session took a new
-                        # epoch (-1, lineage.lua): its read finds the gap, where frames of the
-                        # new epoch would pass for its old one's.
-                        if raw_node == mine_raw:
-                            handlers.call(sid, Wake("frames", head))
-                        else:
-                            by_node.setdefault(as_text(raw_node), []).append((sid, head, None))
-                        continue
-                if raw_node == mine_raw:
-                    if len(frames) == 1:  # the usual case: no list, no loop
+        for sids, (heads, nodes, skips, cut) in zip(appends.slices, results, strict=True):
+            trimmed += cut
+            if nodes == mine_raw and not skips and not self.cluster:
+                # The usual call: every session's stream is on this process, no frame skipped.
+                for sid, head in zip(sids, heads, strict=True):
+                    frames = frames_of[sid]
+                    if len(frames) == 1:  # the usual session: no list, no loop
                         handlers.call(sid, Wake("frames", head, frame=frames[0]))
                     else:
                         first = head - len(frames) + 1
                         handlers.call(sid, *[Wake("frames", first + i, frame=frame) for i, frame in enumerate(frames)])
-                    continue
-                joined = b"".join(appends.packed(sid))
-                first = head - len(frames) + 1
-                by_node.setdefault(as_text(raw_node), []).append((sid, head, None) if len(joined) > frame_max
-                                                    else (sid, first, joined))
+                continue
+            # On Cluster no session names a node: each call published its own wake-up.
+            each = [b""] * len(sids) if self.cluster else [nodes] * len(sids) if type(nodes) is bytes else nodes
+            skipped = dict(zip(skips[0::2], skips[1::2], strict=True))
+            for number, (sid, head, raw_node) in enumerate(zip(sids, heads, each, strict=True), start=1):
+                if head < 0:
+                    gone.append(sid)
+                elif raw_node:
+                    self._announce(appends, sid, head, raw_node, skipped.get(number, 0), by_node)
         if trimmed:
             self._trimmed.inc(trimmed)
         return gone, by_node
+
+    def _announce(self, appends: Appends, sid: str, head: int, raw_node: bytes, skips: list[int] | int,
+                  by_node: dict[str, list[NodeWake]]) -> None:
+        """The frames appended to ``sid`` (up to ``head``), handed to its stream here or owed to the
+        worker ``raw_node``; ``skips`` as ``inbox_append.lua`` replies them (0: none skipped)."""
+        frames = appends.frames[sid]
+        handlers = self._watchers.handlers
+        mine = raw_node == self._watchers.node_raw
+        if skips:
+            if skips != -1:
+                left_out = {int(i) - 1 for i in cast("list[int]", skips)}
+                frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
+            if skips == -1 or not frames:
+                # Every frame was a repeat: a redo. An earlier attempt may have appended them and
+                # failed before announcing them (a later session of its script call, or of its
+                # pipeline, failed), so the stream gets a wake-up without frames and reads its
+                # inbox. So does a stream whose session took a new epoch (-1, lineage.lua): its
+                # read finds the gap, where frames of the new epoch would pass for its old one's.
+                if mine:
+                    handlers.call(sid, Wake("frames", head))
+                else:
+                    by_node.setdefault(as_text(raw_node), []).append((sid, head, None))
+                return
+        first = head - len(frames) + 1
+        if mine:
+            handlers.call(sid, *[Wake("frames", first + i, frame=frame) for i, frame in enumerate(frames)])
+            return
+        joined = b"".join(appends.packed(sid))
+        by_node.setdefault(as_text(raw_node), []).append((sid, head, None) if len(joined) > self._frame_max
+                                                         else (sid, first, joined))
+
 
     def add_wakes(self, batch: Batch, by_node: dict[str, list[NodeWake]]) -> None:
         """Publish the wake-ups of ``appended`` in ``batch``: per node, messages of bounded size."""
