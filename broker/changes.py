@@ -48,15 +48,21 @@ class Change:
     meta: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        """A plain mapping for msgpack or JSON; ``from_wire`` reverses it."""
-        wire: dict[str, Any] = {"t": self.tenant, "u": self.uri, "k": self.kind.value}
+        """A plain mapping for msgpack or JSON; ``from_wire`` reverses it.
+
+        ``_value_`` rather than ``value``: the latter is a Python-level property of ``Enum``, and
+        on Redis a change is put on the wire twice (its append, its broadcast)."""
+        wire: dict[str, Any] = {"t": self.tenant, "u": self.uri, "k": self.kind._value_}
         if self.meta:
             wire["m"] = self.meta
         return wire
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> Change:
-        return cls(wire["t"], wire["u"], ChangeKind(wire["k"]), wire.get("m"))
+        """The change ``to_wire`` gave. An unknown kind raises ``ValueError`` (as ``ChangeKind`` does);
+        a known one is found in a dict, not through ``Enum``'s Python-level call."""
+        kind = wire["k"]
+        return cls(wire["t"], wire["u"], _KINDS.get(kind) or ChangeKind(kind), wire.get("m"))
 
 
 class InvalidChange(ValueError):

@@ -95,8 +95,20 @@ class Batch:
         """A single server's EVALSHA of ``script`` already packed in RESP (``command``), sent as it is;
         ``arguments`` gives its keys and arguments, should the server have to load the script."""
         assert not self._cluster
-        self._scripts[len(self.pipe)] = (script, arguments)
-        self.pipe.execute_command(PREPACKED, command)
+        stack = self.pipe.command_stack
+        self._scripts[len(stack)] = (script, arguments)
+        stack.append(((PREPACKED, command), {}))  # as ``pipe.execute_command`` records it
+
+    def packed(self, command: bytes) -> None:
+        """A single server's command already packed in RESP (``command``), sent as it is; its reply
+        comes back as the server sent it, through no response callback."""
+        assert not self._cluster
+        self.pipe.command_stack.append(((PREPACKED, command), {}))
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the batch is a Cluster's (no pre-packed commands there)."""
+        return self._cluster
 
     def __len__(self) -> int:
         return len(self.pipe)
@@ -123,6 +135,8 @@ class Batch:
             results = await self._exchange_multiplexed(multiplexed)
         else:
             results = await self._exchange_on_one_connection()
+        if not _has_error(results):
+            return results
         for i, result in enumerate(results):
             if isinstance(result, NoScriptError) and i in self._scripts:
                 script, arguments = self._scripts[i]
@@ -156,9 +170,10 @@ class Batch:
 
         async def exchange() -> list[Any]:
             raw = await multiplexed.request(packed, count)
-            for reply in raw:
-                if isinstance(reply, RedisConnectionError):
-                    raise reply
+            if _has_error(raw):
+                for reply in raw:
+                    if isinstance(reply, RedisConnectionError):
+                        raise reply
             return raw
 
         retry: Retry | None = server.connection_pool.connection_kwargs.get("retry")
@@ -231,6 +246,9 @@ async def _parsed(server: Redis, stack: list[Any], raw: list[Any]) -> list[Any]:
     callbacks = server.response_callbacks
     replies: list[Any] = []
     for (args, options), reply in zip(stack, raw, strict=True):
+        if args[0] is PREPACKED and not isinstance(reply, ResponseError):
+            replies.append(reply)  # no callback has that name: the reply as the server sent it
+            continue
         if isinstance(reply, ResponseError):
             replies.append(options.get(EMPTY_RESPONSE, reply))
             continue
@@ -242,6 +260,11 @@ async def _parsed(server: Redis, stack: list[Any], raw: list[Any]) -> list[Any]:
                 reply = await reply
         replies.append(reply)
     return replies
+
+
+def _has_error(replies: list[Any]) -> bool:
+    """Whether any reply is an error: by their types, a handful per batch, looked at once each."""
+    return any(issubclass(kind, Exception) for kind in set(map(type, replies)))
 
 
 async def _nothing_to_undo(error: Exception) -> None:

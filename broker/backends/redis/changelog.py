@@ -143,7 +143,7 @@ class RedisChangeLog:
         if refused is not None:
             raise refused
         ids = iter(reply[1:])
-        return [f"{partition}:{as_text(next(ids))}" for partition, changes in groups.items() for _ in changes]
+        return [f"{partition}:{next(ids).decode()}" for partition, changes in groups.items() for _ in changes]
 
     async def trim(self, partition: int) -> int:
         """Trim what fan-out processed from a partition; returns the entries left (not yet processed).

@@ -55,12 +55,18 @@ class FencedReader:
         self.dropped = 0
 
     def _parse(self, partition: int, entries: Sequence[Any]) -> list[tuple[str, Change]]:
+        """Each entry's change, from its fields: a mapping (XAUTOCLAIM's, through redis-py) or the flat
+        list a script replies (``fanout_read.lua``), whose one field is usually the change itself."""
         out = []
         for entry_id, fields in entries:
-            change_id = f"{partition}:{as_text(entry_id)}"
+            change_id = f"{partition}:{entry_id.decode()}"
             try:
-                out.append((change_id, decode_change(fields[b"c"])))
-            except (KeyError, TypeError, ValueError) as exc:
+                if isinstance(fields, list):
+                    packed = fields[1] if fields[0] == b"c" else fields[fields.index(b"c") + 1]
+                else:
+                    packed = fields[b"c"]
+                out.append((change_id, decode_change(packed)))
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 # An entry no version of the broker can read must not hold up its neighbours
                 # (it would be claimed and fail again forever): it is acknowledged and dropped.
                 self.dropped += 1
@@ -118,8 +124,7 @@ class FencedReader:
                 self.leases.share_of(consumer).lapse()
                 continue
             newest[partition] = as_text(reply[1])
-            entries = [(entry_id, dict(zip(fields[0::2], fields[1::2], strict=True))) for entry_id, fields in reply[2]]
-            out += self._parse(partition, entries)
+            out += self._parse(partition, reply[2])
         await self._drop_unreadable()
         return out, newest
 

@@ -23,16 +23,20 @@
 -- of a change published before the session began ('born', the server's clock at creation,
 -- against the millisecond part of the change's stream id) is skipped, as the feed already
 -- stands for it (a resync, a truncation); it would otherwise follow that in the inbox.
--- Returns, per session, its new head (-1 when gone), the worker node that
--- watches it ('' when none), the (1-based) numbers of the frames it skipped (0 when none, -1
--- when the session took a new epoch: announce without frames) and
--- the entries this call trimmed from its inbox (by length or age, for the metrics): without
--- a publish command, the caller sends the wake-ups of a whole batch to each node in one
--- message, after this script.
+-- Returns {heads, nodes, skips, trimmed}: per session its new head (-1 when gone); the worker
+-- node that watches each session ('' when none), as one string when every session of the call
+-- names the same one (as is usual: one worker's fan-out, its own streams), else a list; for each
+-- session that skipped frames, its (1-based) number and the (1-based) numbers of the frames it
+-- skipped (-1 when the session took a new epoch: announce without frames); and the entries this
+-- call trimmed from the inboxes (by length or age, for the metrics). The caller reads a value or
+-- two per session, not four. Without a publish command, the caller sends the wake-ups of a whole
+-- batch to each node in one message, after this script.
 -- In Redis Cluster a call holds one session (its keys share a hash tag) and publishes itself;
 -- on a single node fan-out sends many sessions per call. A session with one frame, as most
 -- are in a fan-out batch, takes a path of its own with no tables to weigh several.
-local results = {}
+local heads, nodes, skips, trimmed_all = {}, {}, {}, 0
+-- The node every session of the call names so far; false once two differ.
+local node_all = nil
 local at = 7
 local publish = ARGV[1]
 local maxlen = tonumber(ARGV[2])
@@ -118,7 +122,6 @@ end
 
 for s = 1, #KEYS / 3 do
   local k = 3 * s
-  local r = 4 * s
   local n = tonumber(ARGV[at])
   -- The first marked frame's field is read with head and node, in one call: fan-out sends
   -- one partition per session, so that is usually the only read.
@@ -195,10 +198,25 @@ for s = 1, #KEYS / 3 do
       redis.call('HSET', KEYS[k - 2], unpack(fields))
     end
   end
-  results[r - 3] = head
-  results[r - 2] = got[5] and got[2] or ''
-  results[r - 1] = fenced and -1 or skipped
-  results[r] = trimmed
+  heads[s] = head
+  local node = got[5] and got[2] or ''
+  nodes[s] = node
+  if node_all == nil then
+    node_all = node
+  elseif node_all ~= node then
+    node_all = false
+  end
+  if fenced then
+    skipped = -1
+  end
+  if skipped ~= 0 then
+    skips[#skips + 1] = s
+    skips[#skips + 1] = skipped
+  end
+  trimmed_all = trimmed_all + trimmed
   at = at + 3 * n + 1
 end
-return results
+if node_all ~= false then
+  nodes = node_all or ''
+end
+return {heads, nodes, skips, trimmed_all}

@@ -16,7 +16,7 @@ Atomic append and wake-up
     ``inbox_append.lua`` increments ``head`` and XADDs every frame; in a Cluster (one session
     per call) it publishes the session's wake-up, with the offsets and the frames, in the same
     atomic step. On a single node a call carries many sessions and replies with the node that
-    watches each, and the wake-ups follow the call (see ``_wake_entries``). A watcher whose
+    watches each, and the wake-ups follow the call (see ``appended``). A watcher whose
     (S)SUBSCRIBE Redis confirmed before it read the inbox therefore sees every later frame, in
     the read or in a wake-up.
 
@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from broker.backends.redis.batch import Batch
 from broker.backends.redis.codec import (
@@ -51,7 +51,7 @@ from broker.backends.redis.codec import (
 from broker.backends.redis.connection import Client, unavailable
 from broker.backends.redis.epoch import Epoch
 from broker.backends.redis.keys import Keys
-from broker.backends.redis.resp import AppendPacker, bulk
+from broker.backends.redis.resp import ONE_FRAME, AppendPacker, bulk
 from broker.backends.redis.scripts import Scripts
 from broker.backends.redis.wakes import WakeBus
 from broker.backends.redis.watchers import Watchers
@@ -86,8 +86,9 @@ class Appends:
     #: Per session, its frames (those the script skipped are taken out once it has replied).
     frames: dict[str, list[Frame]]
     #: Per frame (by ``id``, fan-out shares one Frame among its subscribers): its change's field
-    #: and position, the frame packed, and on a single node the three as RESP script arguments.
-    packed_frames: dict[int, tuple[str, str, bytes, bytes]]
+    #: and position, the frame packed, and on a single node the three as RESP script arguments,
+    #: then those after a frame count of 1 (the arguments of a session with this frame alone).
+    packed_frames: dict[int, tuple[str, str, bytes, bytes, bytes]]
     #: The arguments every call begins with.
     head: list[Any]
     #: Per call, its sessions.
@@ -104,7 +105,7 @@ class Appends:
             frames = self.frames[sid]
             args.append(len(frames))
             for frame in frames:
-                field, position, packed, _ = self.packed_frames[id(frame)]
+                field, position, packed, _, _ = self.packed_frames[id(frame)]
                 args += (field, position, packed)
         return keys, args
 
@@ -163,20 +164,36 @@ class RedisInboxes:
         published before it began (``Backend.deliver``).
         """
         frames: dict[str, list[Frame]] = {}
-        packed: dict[int, tuple[str, str, bytes, bytes]] = {}
+        packed: dict[int, tuple[str, str, bytes, bytes, bytes]] = {}
         resp = not self.cluster
+        #: On a single node, per session, its frame count and its frames' arguments in RESP: for
+        #: one frame, as most sessions have, a part shared by all the frame's subscribers.
+        resp_args: dict[str, bytes] = {}
+        several: dict[str, None] = {}
+        # Fan-out lists a frame's subscribers one after the other: the frame is looked up once for all.
+        last: Frame | None = None
+        one = b""
         for sid, frame in batch:
-            if id(frame) not in packed:
-                (field, position), data = encode_mark(frame.change), encode_frame(frame)
-                packed[id(frame)] = (field, position, data,
-                                     bulk(field.encode()) + bulk(position.encode()) + bulk(data) if resp else b"")
+            if frame is not last:
+                last = frame
+                entry = packed.get(id(frame))
+                if entry is None:
+                    (field, position), data = encode_mark(frame.change), encode_frame(frame)
+                    arguments = bulk(field.encode()) + bulk(position.encode()) + bulk(data) if resp else b""
+                    entry = packed[id(frame)] = (field, position, data, arguments, ONE_FRAME + arguments)
+                one = entry[4]
             listed = frames.get(sid)
             if listed is None:  # most sessions have one frame per batch: no setdefault's empty list
                 frames[sid] = [frame]
+                resp_args[sid] = one
             else:
                 listed.append(frame)
+                several[sid] = None
         if not frames:
             return None
+        for sid in several if resp else ():
+            listed = frames[sid]
+            resp_args[sid] = bulk(b"%d" % len(listed)) + b"".join([packed[id(frame)][3] for frame in listed])
         now_ms = int(time.time() * 1000)
         cutoff_ms = now_ms - int(self.settings.inbox_retention * 1000)
         # One script call per session costs the client ~40 us to pack and parse; on a single
@@ -190,13 +207,14 @@ class RedisInboxes:
         slices = [sids[start : start + per_call] for start in range(0, len(sids), per_call)]
         commands = None
         if resp:
-            head_resp = b"".join(bulk(str(value).encode()) for value in head)
-            commands = [self._packer.command(head_resp, len(head), part, frames, packed) for part in slices]
+            head_resp = b"".join([bulk(str(value).encode()) for value in head])
+            self._packer.know(frames)
+            commands = [self._packer.command(head_resp, len(head), part, frames, resp_args) for part in slices]
         return Appends(self.scripts, self.keys, sids, frames, packed, head, slices, commands)
 
     @property
     def _frame_max(self) -> int:
-        """The most frame bytes one session's wake-up carries (see ``_wake_entries``)."""
+        """The most frame bytes one session's wake-up carries (see ``appended``)."""
         return min(self.settings.wake_frame_max_bytes, self.settings.wake_message_max_bytes // 2)
 
     def appended(self, appends: Appends, results: Sequence[Any]) -> tuple[list[str], dict[str, list[NodeWake]]]:
@@ -207,72 +225,81 @@ class RedisInboxes:
         append, so a stream that claimed the session since then read its inbox after this
         append, and a stream of this process gets the frames now. Either way the stream's
         offsets tell it whether a wake-up follows on what it has (``feeds.session``).
+
+        Publishing the others after the append script (rather than inside it) keeps the
+        handoff: a stream registers its node before it reads the inbox, so a frame appended
+        later is either in that read or announced to the node afterwards. Frames the script
+        skipped (repeats) are not announced; a session all of whose frames were skipped gets a
+        frameless wake-up. A session whose frames are larger than ``wake_frame_max_bytes`` gets
+        a frameless wake too and reads them from its inbox: one large change watched by many
+        streams on a worker must not reach Redis's pub/sub buffer limit, which drops the
+        worker's connection and makes every stream of it re-read. (Frames for this process's
+        own streams travel in memory, whatever their size.)
+
+        One pass over the replies, per session in the order of the calls: this runs for every
+        frame fan-out delivers, and each further pass or call per session was a measurable
+        share of a frame (bench/NOTES.md).
         """
-        replies = [value for result in results for value in result]
-        heads = list(map(int, replies[0::4]))
-        trimmed = sum(map(int, replies[3::4]))
+        gone: list[str] = []
+        by_node: dict[str, list[NodeWake]] = {}
+        trimmed = 0
+        handlers = self._watchers.handlers
+        mine_raw = self._watchers.node_raw
+        frames_of = appends.frames
+        for sids, (heads, nodes, skips, cut) in zip(appends.slices, results, strict=True):
+            trimmed += cut
+            if nodes == mine_raw and not skips and not self.cluster:
+                # The usual call: every session's stream is on this process, no frame skipped.
+                for sid, head in zip(sids, heads, strict=True):
+                    frames = frames_of[sid]
+                    if len(frames) == 1:  # the usual session: no list, no loop
+                        handlers.call(sid, Wake("frames", head, frame=frames[0]))
+                    else:
+                        first = head - len(frames) + 1
+                        handlers.call(sid, *[Wake("frames", first + i, frame=frame) for i, frame in enumerate(frames)])
+                continue
+            # On Cluster no session names a node: each call published its own wake-up.
+            each = [b""] * len(sids) if self.cluster else [nodes] * len(sids) if type(nodes) is bytes else nodes
+            skipped = dict(zip(skips[0::2], skips[1::2], strict=True))
+            for number, (sid, head, raw_node) in enumerate(zip(sids, heads, each, strict=True), start=1):
+                if head < 0:
+                    gone.append(sid)
+                elif raw_node:
+                    self._announce(appends, sid, head, raw_node, skipped.get(number, 0), by_node)
         if trimmed:
             self._trimmed.inc(trimmed)
-        wakes: dict[str, list[NodeWake]] = {}
-        if not self.cluster:
-            wakes, local, local_reads = self._wake_entries(appends, heads, replies[1::4], replies[2::4])
-            for sid, first in local:
-                self._watchers.deliver(sid, [Wake("frames", first + i, frame=frame)
-                                             for i, frame in enumerate(appends.frames[sid])])
-            for sid, head in local_reads:
-                self._watchers.deliver(sid, [Wake("frames", head)])
-        return [sid for sid, h in zip(appends.sids, heads, strict=True) if h < 0], wakes
+        return gone, by_node
 
-    def _wake_entries(self, appends: Appends, heads: list[int], nodes: list[bytes | str],
-                      skipped: list[list[int] | int]
-                      ) -> tuple[dict[str, list[NodeWake]], list[tuple[str, int]], list[tuple[str, int]]]:
-        """The wake-ups of a whole batch: per other worker's node, its entries to publish after the
-        appends; the sessions whose stream is on this process, each with its first new offset;
-        and those of them to wake without frames, each with its head (all its frames were repeats).
-
-        Publishing after the append script (rather than inside it) keeps the handoff: a stream
-        registers its node before it reads the inbox, so a frame appended later is either in
-        that read or announced to the node afterwards. Frames the script skipped (repeats) are
-        not announced; a session all of whose frames were skipped gets a frameless wake-up. A
-        session whose frames are larger than ``wake_frame_max_bytes`` gets a frameless wake
-        too and reads them from its inbox: one large change watched by many streams
-        on a worker must not reach Redis's pub/sub buffer limit, which drops the worker's
-        connection and makes every stream of it re-read. (Frames for this process's own
-        streams travel in memory, whatever their size.)
-        """
-        frame_max = self._frame_max
-        mine = self._watchers.node
-        mine_raw = mine.encode()
-        by_node: dict[str, list[NodeWake]] = {}
-        local: list[tuple[str, int]] = []
-        local_reads: list[tuple[str, int]] = []
-        for sid, head, raw_node, skips in zip(appends.sids, heads, nodes, skipped, strict=True):
-            if head < 0 or not raw_node:
-                continue
-            node = mine if raw_node == mine_raw else as_text(raw_node)
-            frames = appends.frames[sid]
-            left_out = {int(i) - 1 for i in skips} if isinstance(skips, list) and skips else None
-            if left_out:
+    def _announce(self, appends: Appends, sid: str, head: int, raw_node: bytes, skips: list[int] | int,
+                  by_node: dict[str, list[NodeWake]]) -> None:
+        """The frames appended to ``sid`` (up to ``head``), handed to its stream here or owed to the
+        worker ``raw_node``; ``skips`` as ``inbox_append.lua`` replies them (0: none skipped)."""
+        frames = appends.frames[sid]
+        handlers = self._watchers.handlers
+        mine = raw_node == self._watchers.node_raw
+        if skips:
+            if skips != -1:
+                left_out = {int(i) - 1 for i in cast("list[int]", skips)}
                 frames = appends.frames[sid] = [frame for i, frame in enumerate(frames) if i not in left_out]
-            if not frames or skips == -1:
+            if skips == -1 or not frames:
                 # Every frame was a repeat: a redo. An earlier attempt may have appended them and
                 # failed before announcing them (a later session of its script call, or of its
-                # pipeline, failed), so the stream gets a wake-up without frames and reads its inbox.
-                # So does a stream whose session took a new epoch (-1, lineage.lua): its read
-                # finds the gap, where frames of the new epoch would pass for its old one's.
-                if node == mine:
-                    local_reads.append((sid, head))
+                # pipeline, failed), so the stream gets a wake-up without frames and reads its
+                # inbox. So does a stream whose session took a new epoch (-1, lineage.lua): its
+                # read finds the gap, where frames of the new epoch would pass for its old one's.
+                if mine:
+                    handlers.call(sid, Wake("frames", head))
                 else:
-                    by_node.setdefault(node, []).append((sid, head, None))
-                continue
-            first = head - len(frames) + 1
-            if node == mine:
-                local.append((sid, first))
-                continue
-            joined = b"".join(appends.packed(sid))
-            entry: NodeWake = (sid, head, None) if len(joined) > frame_max else (sid, first, joined)
-            by_node.setdefault(node, []).append(entry)
-        return by_node, local, local_reads
+                    by_node.setdefault(as_text(raw_node), []).append((sid, head, None))
+                return
+        first = head - len(frames) + 1
+        if mine:
+            handlers.call(sid, *[Wake("frames", first + i, frame=frame) for i, frame in enumerate(frames)])
+            return
+        joined = b"".join(appends.packed(sid))
+        by_node.setdefault(as_text(raw_node), []).append((sid, head, None) if len(joined) > self._frame_max
+                                                         else (sid, first, joined))
+
 
     def add_wakes(self, batch: Batch, by_node: dict[str, list[NodeWake]]) -> None:
         """Publish the wake-ups of ``appended`` in ``batch``: per node, messages of bounded size."""

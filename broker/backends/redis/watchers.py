@@ -3,7 +3,7 @@
 Takeovers and subscription changes (and, on Cluster, frames) come on a session's own channel;
 on a single node, frames come on this process's node channel, one message per fan-out batch,
 for every session whose record names this node (this process's own fan-out hands them over in
-memory instead: ``deliver``). Everything about the node lives here: which
+memory instead: ``RedisInboxes.appended``). Everything about the node lives here: which
 node a claim or a restore names (``claimant``), and the order that keeps the handoff (the
 node's channel is subscribed before a session names the node).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from broker.backends.redis.codec import decode_node_wakes, decode_wakes
 from broker.backends.redis.connection import unavailable
@@ -32,16 +32,20 @@ class Watchers:
         self.scripts = scripts
         self._bus = bus
         self.cluster = cluster
-        self._handlers: Handlers[str, Wake] = Handlers("wake-up")
+        #: Per watched session, its handlers; fan-out calls them directly with this process's
+        #: own frames (``RedisInboxes.appended``), one wake-up per frame.
+        self.handlers: Handlers[str, Wake] = Handlers("wake-up")
         self._watching: dict[str, asyncio.Task[None]] = {}
         #: This process on single-node Redis: sessions it watches name it, fan-out wakes it per batch.
         self.node = secrets.token_hex(6)
+        #: ``node`` as the append script replies it.
+        self.node_raw = self.node.encode()
         self._node_channel: asyncio.Future[None] | None = None
         #: Unsubscriptions of channels whose watch was given up while it was subscribing.
         self._late: set[asyncio.Task[None]] = set()
 
     def watches(self, session_id: str) -> bool:
-        return session_id in self._handlers
+        return session_id in self.handlers
 
     def claimant(self, session_id: str) -> str:
         """The node a claim (or a restore) of the session names: '' unless a stream watches it here.
@@ -53,22 +57,18 @@ class Watchers:
 
     def wake_all(self) -> None:
         """Every watched stream re-reads its inbox (wake-ups may have been lost, e.g. during a reconnect)."""
-        for session_id in self._handlers.snapshot():
-            self._handlers.call(session_id, Wake("frames", 0))
-
-    def deliver(self, session_id: str, wakes: Sequence[Wake]) -> None:
-        """Hand wake-ups to the session's handlers in this process, as a message would (none: dropped)."""
-        self._handlers.call(session_id, *wakes)
+        for session_id in self.handlers.snapshot():
+            self.handlers.call(session_id, Wake("frames", 0))
 
     def _on_wake_message(self, session_id: str) -> Callable[[bytes], None]:
         def dispatch(payload: bytes) -> None:
-            self._handlers.call(session_id, *decode_wakes(payload))
+            self.handlers.call(session_id, *decode_wakes(payload))
 
         return dispatch
 
     def _on_node_message(self, payload: bytes) -> None:
         for session_id, wakes in decode_node_wakes(payload):
-            self._handlers.call(session_id, *wakes)
+            self.handlers.call(session_id, *wakes)
 
     async def _watch_node(self, session_id: str) -> None:
         """Single node: this process's channel is subscribed, then the session names this process.
@@ -86,7 +86,7 @@ class Watchers:
 
     async def watch(self, session_id: str, handler: WakeHandler) -> Callable[[], Awaitable[None]]:
         """Raises ``BackendUnavailable`` when the subscription cannot be confirmed."""
-        self._handlers.add(session_id, handler)
+        self.handlers.add(session_id, handler)
         subscribing = self._watching.get(session_id)
         if subscribing is None:
             # Takeovers and subscription changes (and, on Cluster, frames) come on the session's channel.
@@ -107,7 +107,7 @@ class Watchers:
         return unwatch
 
     async def _unwatch(self, session_id: str, handler: WakeHandler) -> None:
-        if not self._handlers.remove(session_id, handler):
+        if not self.handlers.remove(session_id, handler):
             return  # unknown, or the session still has other handlers
         subscribing = self._watching.pop(session_id, None)
         if subscribing is None:
