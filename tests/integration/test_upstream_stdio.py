@@ -21,6 +21,7 @@ import pytest
 
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession, SSEStream
+from tests.integration.test_upstreams import result, text_of
 from tests.support import ROOT, BrokerProcess, free_port, wait_until
 
 KEY = "k-acme"
@@ -80,15 +81,7 @@ async def http(broker: BrokerProcess) -> AsyncIterator[httpx.AsyncClient]:
 
 async def modern_result(http: httpx.AsyncClient, method: str, params: dict[str, Any] | None = None,
                         name: str | None = None) -> dict[str, Any]:
-    response = await modern.call(http, method, params, name=name, auth=KEY)
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert "result" in body, body
-    return body["result"]  # type: ignore[no-any-return]
-
-
-def text_of(read: dict[str, Any]) -> str:
-    return str(read["contents"][0]["text"])
+    return await result(http, KEY, method, params, name)
 
 
 def set_note(key: str, text: str) -> dict[str, Any]:

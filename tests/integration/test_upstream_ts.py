@@ -37,6 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration import modern
 from tests.integration.mcp_http import McpSession, SSEStream
+from tests.integration.test_upstreams import result as modern_result
+from tests.integration.test_upstreams import text_of
 from tests.support import ROOT, BrokerProcess, free_port, wait_until
 
 # The first run installs the SDK (seconds from npm's cache, longer from the registry).
@@ -181,19 +183,6 @@ def target(request: pytest.FixtureRequest, servers: dict[str, TsUpstream]) -> Ta
 async def http(broker: BrokerProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=broker.url, timeout=15) as client:
         yield client
-
-
-async def modern_result(http: httpx.AsyncClient, key: str, method: str, params: dict[str, Any] | None = None,
-                        name: str | None = None) -> dict[str, Any]:
-    response = await modern.call(http, method, params, name=name, auth=key)
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert "result" in body, body
-    return body["result"]  # type: ignore[no-any-return]
-
-
-def text_of(read: dict[str, Any]) -> str:
-    return str(read["contents"][0]["text"])
 
 
 def set_note(key: str, text: str) -> dict[str, Any]:
